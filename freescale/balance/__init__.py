@@ -1,0 +1,1 @@
+"""balance layer."""

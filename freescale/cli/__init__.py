@@ -1,0 +1,1 @@
+"""The ``freescale`` command line (layer 4)."""

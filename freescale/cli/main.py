@@ -1,0 +1,32 @@
+"""The ``freescale`` command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from freescale.cli import data_cmd
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="freescale",
+        description="Bubble-free distributed training of sequence recommendation models.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    data_cmd.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.run(args) or 0)
+    except ValueError as e:  # user errors: one clear line, no traceback
+        print(f"freescale: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

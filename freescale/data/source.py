@@ -1,0 +1,38 @@
+"""The `DataSource` protocol and `open_source`, which names a source by string."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from freescale.data.readers import read_movielens, read_sasrec
+from freescale.data.sequences import SequenceSampling, SequenceSource
+from freescale.data.synthetic import SyntheticConfig, SyntheticSource
+from freescale.jagged.batch import SampleBatch
+
+
+class DataSource(Protocol):
+    """Where batches come from. Rank ``r`` of ``W`` asks for its own slice of
+    global step ``s``; sources are deterministic so no rank needs another's data."""
+
+    num_items: int
+
+    def batch(self, step: int, rank: int, world_size: int, batch_size: int) -> SampleBatch: ...
+
+    def num_steps(self, world_size: int, batch_size: int) -> int | None: ...
+
+
+def open_source(
+    spec: str,
+    synthetic: SyntheticConfig | None = None,
+    sampling: SequenceSampling | None = None,
+) -> DataSource:
+    """``synthetic`` | ``sasrec:PATH`` | ``movielens:PATH`` (ratings.dat or .csv)."""
+    kind, _, path = spec.partition(":")
+    if kind == "synthetic" and not path:
+        return SyntheticSource(synthetic)
+    if kind in ("sasrec", "movielens") and path:
+        reader = read_sasrec if kind == "sasrec" else read_movielens
+        return SequenceSource(reader(path), sampling)
+    raise ValueError(
+        f"unknown data source {spec!r}: use 'synthetic', 'sasrec:PATH' or 'movielens:PATH'"
+    )

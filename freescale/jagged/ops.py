@@ -1,0 +1,81 @@
+"""Vectorized reference operations on (values, offsets) jagged layouts.
+
+These are the CPU path and the twin every fast kernel is tested against.
+A jagged layout is ``values`` (first dim = total length) plus ``offsets``
+(int64, ``B + 1`` entries, ``offsets[0] == 0``, non-decreasing).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def lengths_to_offsets(lengths: Tensor) -> Tensor:
+    """Exclusive prefix sum with a leading zero, as int64."""
+    offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=lengths.device)
+    torch.cumsum(lengths.reshape(-1).to(torch.int64), dim=0, out=offsets[1:])
+    return offsets
+
+
+def offsets_to_lengths(offsets: Tensor) -> Tensor:
+    return offsets[1:] - offsets[:-1]
+
+
+def segment_ids(offsets: Tensor, total: int | None = None) -> Tensor:
+    """Segment index of every value position (``[0, 0, 1, 2, 2, ...]``)."""
+    lengths = offsets_to_lengths(offsets)
+    n = lengths.numel()
+    if total is None:
+        total = int(offsets[-1])
+    return torch.repeat_interleave(
+        torch.arange(n, device=offsets.device), lengths, output_size=total
+    )
+
+
+def gather_positions(
+    offsets: Tensor, indices: Tensor, total: int | None = None
+) -> tuple[Tensor, Tensor]:
+    """Positions into ``values`` that ``select(indices)`` reads, and the new offsets.
+
+    ``total`` (the output length) may be given by a caller that already knows
+    it, so that no device value is read back on the host.
+    """
+    indices = indices.to(device=offsets.device, dtype=torch.int64)
+    starts = offsets[:-1][indices]
+    sel_lengths = offsets[1:][indices] - starts
+    new_offsets = lengths_to_offsets(sel_lengths)
+    if total is None:
+        total = int(new_offsets[-1])
+    seg = torch.repeat_interleave(
+        torch.arange(indices.numel(), device=offsets.device), sel_lengths, output_size=total
+    )
+    positions = torch.arange(total, device=offsets.device) - new_offsets[seg] + starts[seg]
+    return positions, new_offsets
+
+
+def concat_offsets(offsets_list: list[Tensor]) -> Tensor:
+    """Offsets of several jagged layouts laid end to end."""
+    if not offsets_list:
+        return torch.zeros(1, dtype=torch.int64)
+    pieces = [offsets_list[0]]
+    base = offsets_list[0][-1]
+    for offsets in offsets_list[1:]:
+        pieces.append(offsets[1:] + base)
+        base = base + offsets[-1]
+    return torch.cat(pieces)
+
+
+def check_offsets(offsets: Tensor, values_len: int, what: str) -> None:
+    """Raise ValueError unless ``offsets`` is a valid layout for ``values_len`` values."""
+    if offsets.dtype != torch.int64 or offsets.dim() != 1 or offsets.numel() < 1:
+        raise ValueError(f"{what}: offsets must be a 1-D int64 tensor with B+1 >= 1 entries")
+    if int(offsets[0]) != 0:
+        raise ValueError(f"{what}: offsets[0] must be 0, got {int(offsets[0])}")
+    if offsets.numel() > 1 and bool((offsets[1:] < offsets[:-1]).any()):
+        bad = int(torch.nonzero(offsets[1:] < offsets[:-1])[0])
+        raise ValueError(f"{what}: offsets decrease at segment {bad} (negative length)")
+    if int(offsets[-1]) != values_len:
+        raise ValueError(
+            f"{what}: offsets end at {int(offsets[-1])} but there are {values_len} values"
+        )

@@ -1,0 +1,62 @@
+import os
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from freescale.testing import RankError, RankTimeout, run_ranks
+
+
+def _allreduce_rank() -> int:
+    t = torch.tensor([dist.get_rank() + 1])
+    dist.all_reduce(t)
+    return int(t)
+
+
+def _raise_on_rank_one() -> int:
+    if dist.get_rank() == 1:
+        raise KeyError("boom on purpose")
+    dist.barrier()  # the healthy ranks block here until killed
+    return 0
+
+
+def _hang_on_last_rank() -> int:
+    if dist.get_rank() == dist.get_world_size() - 1:
+        time.sleep(600)
+    return dist.get_rank()
+
+
+def _exit_hard() -> None:
+    if dist.get_rank() == 0:
+        os._exit(3)
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+def test_collectives_work_at_each_world_size(world_size):
+    expected = world_size * (world_size + 1) // 2
+    assert run_ranks(_allreduce_rank, world_size) == [expected] * world_size
+
+
+def test_raising_rank_fails_with_its_traceback():
+    start = time.monotonic()
+    with pytest.raises(RankError, match=r"rank 1 of 2 raised:[\s\S]*KeyError: 'boom on purpose'"):
+        run_ranks(_raise_on_rank_one, 2, timeout=60)
+    assert time.monotonic() - start < 30, "the failure must not wait for the timeout"
+
+
+def test_hanging_rank_fails_by_timeout():
+    start = time.monotonic()
+    with pytest.raises(RankTimeout, match=r"ranks \[2\] did not finish"):
+        run_ranks(_hang_on_last_rank, 3, timeout=5)
+    assert time.monotonic() - start < 20
+
+
+def test_crashing_rank_is_reported():
+    with pytest.raises(RankError, match="rank 0 exited with code 3"):
+        run_ranks(_exit_hard, 2, timeout=30)
+
+
+def test_rejects_bad_world_size():
+    with pytest.raises(ValueError):
+        run_ranks(_allreduce_rank, 0)
