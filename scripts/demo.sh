@@ -3,4 +3,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_venv.sh run
-exec .venv/bin/freescale data stats "$@"
+exec .venv/bin/freescale train "$@"

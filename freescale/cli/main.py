@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from freescale.cli import data_cmd
+from freescale.cli import data_cmd, report_cmd, train_cmd
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -14,7 +14,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Bubble-free distributed training of sequence recommendation models.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    train_cmd.register(sub)
     data_cmd.register(sub)
+    report_cmd.register(sub)
     return parser
 
 

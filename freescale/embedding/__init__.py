@@ -1,1 +1,35 @@
-"""embedding layer."""
+"""Row-wise sharded embeddings (layer 2): the synchronous ("vanilla TorchRec") baseline.
+
+- `TableConfig`, `ShardingPlan`: what to shard and how (`freescale.embedding.config`).
+- `ShardedEmbeddingCollection`: sharded lookup with the optimizer update fused
+  into backward.
+- `SGD`, `RowwiseAdagrad`, `Adam`: sparse row-wise optimizers.
+- `swap(model, plan)`: replace ``nn.Embedding`` / TorchRec ``EmbeddingCollection``.
+- `save` / `load`: ``torch.distributed.checkpoint`` of shards and optimizer state.
+- `global_count`: the explicit gradient-scaling rule (`freescale.embedding.scaling`).
+"""
+
+from freescale.embedding.checkpoint import load, save
+from freescale.embedding.collection import ShardedEmbeddingCollection
+from freescale.embedding.config import ShardingPlan, TableConfig
+from freescale.embedding.optim import SGD, Adam, OptimizerConfig, RowwiseAdagrad
+from freescale.embedding.scaling import global_count
+from freescale.embedding.sharding import RowSharding
+from freescale.embedding.swap import ShardedEmbedding, ShardedTorchRecCollection, swap
+
+__all__ = [
+    "SGD",
+    "Adam",
+    "OptimizerConfig",
+    "RowSharding",
+    "RowwiseAdagrad",
+    "ShardedEmbedding",
+    "ShardedEmbeddingCollection",
+    "ShardedTorchRecCollection",
+    "ShardingPlan",
+    "TableConfig",
+    "global_count",
+    "load",
+    "save",
+    "swap",
+]

@@ -1,1 +1,6 @@
-"""models layer."""
+"""Reference sequence model(s) (layer 3): single-device code."""
+
+from freescale.models.loss import bce_loss, normalized_entropy
+from freescale.models.sequence import ModelConfig, SequenceModel
+
+__all__ = ["ModelConfig", "SequenceModel", "bce_loss", "normalized_entropy"]

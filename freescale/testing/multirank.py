@@ -8,6 +8,7 @@ collective and never blocks CI.
 
 from __future__ import annotations
 
+import io
 import multiprocessing as mp
 import os
 import queue as queue_mod
@@ -70,7 +71,11 @@ def _worker(
             "gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s)
         )
         out = fn(*args)
-        results.put(("ok", rank, out))
+        # Serialize here: tensors sent through a Queue share storage via file
+        # descriptors of this process, which is gone by the time they're read.
+        buf = io.BytesIO()
+        torch.save(out, buf)
+        results.put(("ok", rank, buf.getvalue()))
     except BaseException:
         results.put(("error", rank, traceback.format_exc()))
     finally:
@@ -135,8 +140,14 @@ def _collect(procs: list[Any], results: Any, world_size: int, timeout: float) ->
             continue
         if status == "error":
             raise RankError(f"rank {rank} of {world_size} raised:\n{payload}")
-        outputs[rank] = payload
+        outputs[rank] = _load(payload)
     return outputs
+
+
+def _load(payload: bytes) -> Any:
+    import torch
+
+    return torch.load(io.BytesIO(payload), weights_only=False)
 
 
 def _kill(procs: list[Any]) -> None:

@@ -60,3 +60,12 @@ def test_crashing_rank_is_reported():
 def test_rejects_bad_world_size():
     with pytest.raises(ValueError):
         run_ranks(_allreduce_rank, 0)
+
+
+def _return_tensors() -> dict:
+    return {"rank": dist.get_rank(), "t": torch.arange(5) * (dist.get_rank() + 1)}
+
+
+def test_ranks_can_return_tensors():
+    out = run_ranks(_return_tensors, 2)
+    assert torch.equal(out[1]["t"], torch.arange(5) * 2) and out[0]["rank"] == 0

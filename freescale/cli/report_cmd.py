@@ -1,0 +1,37 @@
+"""``freescale report``: metrics JSON lines -> markdown summary + PNG plots."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+
+from freescale.pipeline.report import markdown, plot, read_metrics
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("report", help="summarize a metrics file (markdown + PNG plots)")
+    p.add_argument("metrics", help="JSON-lines file written by `freescale train`")
+    p.add_argument("--out", default=None, help="output folder (default: beside the metrics)")
+    p.add_argument("--warmup", type=int, default=5, help="steps left out of the means")
+    p.add_argument("--title", default="FreeScale training report")
+    p.set_defaults(run=run_report)
+
+
+def run_report(args: argparse.Namespace) -> int:
+    records = read_metrics(args.metrics)
+    out = Path(args.out) if args.out else Path(args.metrics).with_suffix("")
+    out.mkdir(parents=True, exist_ok=True)
+    text = markdown(records, args.warmup, args.title)
+    if importlib.util.find_spec("matplotlib") is not None:
+        images = plot(records, out)
+        text += "\n" + "\n".join(f"![{p.stem}]({p.name})" for p in images) + "\n"
+    else:
+        print(
+            "matplotlib not installed (pip install 'freescale[bench]'): no plots", file=sys.stderr
+        )
+    (out / "report.md").write_text(text)
+    print(text)
+    print(f"wrote {out / 'report.md'}", file=sys.stderr)
+    return 0

@@ -1,0 +1,226 @@
+"""`ShardedEmbeddingCollection`: row-wise sharded tables behind one module.
+
+``forward({feature: ids})`` returns ``{feature: embeddings}`` aligned with the
+input: a `JaggedTensor` of ids gives a `JaggedTensor` of ``[N, D]`` values
+with the same offsets; a plain integer tensor of any shape gives
+``ids.shape + (D,)`` (the ``nn.Embedding`` contract). Every rank must call it
+with the same feature keys, in the same order of calls, and backpropagate
+through every call (as with DDP); the number of ids per rank is free,
+zero included. The optimizer update happens inside backward.
+
+Gradient scaling is explicit: the update uses exactly d(loss)/d(embedding)
+as autograd delivers it. Nothing is divided by the world size. Normalize the
+loss by the *global* number of samples (or candidates) of the step, see
+`freescale.embedding.scaling`, and the update does not depend on how the
+samples were split across ranks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import deque
+from collections.abc import Iterator, Mapping, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from freescale.comm import Communicator
+from freescale.embedding import input_dist
+from freescale.embedding.config import ShardingPlan, TableConfig
+from freescale.embedding.lookup import GroupCall, ShardedLookup, Timer, no_timer
+from freescale.embedding.preflight import Request, make_request
+from freescale.embedding.sharding import RowSharding
+from freescale.embedding.store import ShardStore
+from freescale.jagged import JaggedTensor
+
+Features = Mapping[str, JaggedTensor | Tensor]
+
+
+def _group_tables(
+    tables: Sequence[TableConfig], plan: ShardingPlan
+) -> list[tuple[object, list[TableConfig]]]:
+    groups: dict[tuple, list[TableConfig]] = {}
+    for t in tables:
+        opt = plan.optimizer_for(t)
+        groups.setdefault((t.dtype, t.dim, opt), []).append(t)
+    return [(key[2], members) for key, members in groups.items()]
+
+
+class ShardedEmbeddingCollection(nn.Module):
+    """Several tables, grouped by (dtype, dim, optimizer), sharded row-wise over ``comm``."""
+
+    def __init__(
+        self,
+        tables: Sequence[TableConfig],
+        comm: Communicator,
+        plan: ShardingPlan | None = None,
+        device: torch.device | str | None = None,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        plan = plan if plan is not None else ShardingPlan()
+        _check_names(tables)
+        self.comm, self.plan = comm, plan
+        self.device = torch.device(device) if device is not None else comm.device
+        self.tables = {t.name: t for t in tables}
+        self.stores = nn.ModuleList()
+        self._where: dict[str, tuple[int, int]] = {}
+        for g, (opt, members) in enumerate(_group_tables(tables, plan)):
+            shardings = [
+                RowSharding(t.rows, comm.world_size, plan.assignment, plan.block_size)
+                for t in members
+            ]
+            store = ShardStore(members, shardings, opt, comm.rank, self.device, seed + g)
+            self.stores.append(store)
+            self._where.update({t.name: (g, i) for i, t in enumerate(members)})
+        self._feature_table = {f: t.name for t in tables for f in t.features}
+        # Autograd anchor: makes every lookup output part of the graph so that
+        # backward (and with it the fused update) runs. Not a parameter, so
+        # dense optimizers and DDP never see it.
+        self._anchor = torch.empty(0, requires_grad=True)
+        self.timer: Timer = no_timer
+        self._pending: deque[input_dist.PreparedLookup] = deque()
+        self._use_prefetch = True
+        # Compare prefetched ids with the forward's ids (exact; a host sync on GPU).
+        self.verify_prefetch = self.device.type == "cpu"
+
+    # ---- lookup --------------------------------------------------------------
+    def forward(self, features: Features) -> dict[str, JaggedTensor | Tensor]:
+        """Look up every feature; see the module docstring for the contract."""
+        prepared = self._take_prefetched(features) or self._start(features)
+        input_dist.issue_ids(prepared, self.comm, self.timer)
+        if not prepared.calls:  # every rank passed no features (the preflight checked that)
+            return {}
+        outputs = ShardedLookup.apply(self._anchor, prepared.calls, self.comm, self.timer)
+        return self._split(prepared.calls, outputs)
+
+    # ---- sparse data dist: start a future call's input distribution early ----
+    def prefetch(self, features: Features) -> None:
+        """Start the input distribution of a *later* ``forward(features)``.
+
+        Issues the validation/counts exchange now; `prefetch_ids` (or the
+        forward itself) then issues the ids AllToAll. Calls are matched in
+        order; every rank must prefetch the same calls.
+        """
+        self._pending.append(self._start(features))
+
+    def prefetch_ids(self) -> None:
+        """Read the counts of every prefetched call and issue its ids AllToAll."""
+        for prepared in self._pending:
+            input_dist.issue_ids(prepared, self.comm, self.timer)
+
+    @contextlib.contextmanager
+    def prefetch_disabled(self) -> Iterator[None]:
+        """Lookups inside (e.g. evaluation) run in place and leave prefetched ones alone."""
+        self._use_prefetch, saved = False, self._use_prefetch
+        try:
+            yield
+        finally:
+            self._use_prefetch = saved
+
+    def _start(self, features: Features) -> input_dist.PreparedLookup:
+        keys = sorted(features)
+        unknown = [k for k in keys if k not in self._feature_table]
+        requests = [] if unknown else [self._request(k, features[k]) for k in keys]
+        return input_dist.start(self.comm, list(self.stores), keys, requests, unknown, self.device)
+
+    def _take_prefetched(self, features: Features) -> input_dist.PreparedLookup | None:
+        if not self._pending or not self._use_prefetch:
+            return None
+        prepared = self._pending.popleft()
+        keys = sorted(features)
+        requests = [self._request(k, features[k]) for k in keys if k in self._feature_table]
+        sizes = input_dist.request_sizes(requests)
+        if not prepared.matches(keys, sizes) or (
+            self.verify_prefetch and not prepared.same_ids(requests)
+        ):
+            raise RuntimeError(
+                "a prefetched lookup does not match this call (keys "
+                f"{prepared.keys} vs {keys}): prefetch exactly the ids forward will use"
+            )
+        return prepared
+
+    def _request(self, key: str, value: JaggedTensor | Tensor) -> Request:
+        table = self.tables[self._feature_table[key]]
+        group, slot_table = self._where[table.name]
+        if isinstance(value, JaggedTensor):
+            return make_request(
+                key, table, group, slot_table, value.values, value.offsets, self.device
+            )
+        return make_request(key, table, group, slot_table, value, None, self.device)
+
+    @staticmethod
+    def _split(
+        calls: list[GroupCall], outputs: tuple[Tensor, ...]
+    ) -> dict[str, JaggedTensor | Tensor]:
+        result: dict[str, JaggedTensor | Tensor] = {}
+        for call, emb in zip(calls, outputs, strict=True):
+            for q, piece in zip(call.requests, emb.split(call.sizes), strict=True):
+                if q.offsets is not None:
+                    result[q.key] = JaggedTensor(piece, q.offsets)
+                else:
+                    result[q.key] = piece.reshape(*q.shape, piece.shape[-1])
+        return result
+
+    # ---- full-table access (collective on every call that gathers) -----------
+    def _locate(self, name: str) -> tuple[ShardStore, int]:
+        if name not in self._where:
+            raise KeyError(f"unknown table {name!r}")
+        g, t = self._where[name]
+        return self.stores[g], t  # type: ignore[return-value]
+
+    @torch.no_grad()
+    def set_table(self, name: str, weight: Tensor) -> None:
+        """Load this rank's rows of table ``name`` from its full ``[rows, dim]`` weight."""
+        store, t = self._locate(name)
+        table = self.tables[name]
+        if tuple(weight.shape) != (table.rows, table.dim):
+            raise ValueError(
+                f"table {name!r}: weight {tuple(weight.shape)} != ({table.rows}, {table.dim})"
+            )
+        ids = store.local_global_ids(t)
+        valid = ids >= 0
+        local = store.table_slice(t, store.weight)
+        local.zero_()
+        # Gather on the source's device: only this rank's rows travel.
+        rows = weight.detach()[ids[valid].to(weight.device)]
+        local[valid] = rows.to(device=local.device, dtype=local.dtype)
+
+    def full_table(self, name: str) -> Tensor:
+        """The whole table ``[rows, dim]``, gathered from all ranks (a collective)."""
+        store, t = self._locate(name)
+        return self._gather(name, store.table_slice(t, store.weight))
+
+    def full_optimizer_state(self, name: str) -> dict[str, Tensor]:
+        """The optimizer state of table ``name`` over all rows (a collective per tensor)."""
+        store, t = self._locate(name)
+        return {
+            k: self._gather(name, store.table_slice(t, v))
+            for k, v in store.optimizer_state().items()
+        }
+
+    def step_of(self, name: str) -> int:
+        """Number of updates table ``name`` has received."""
+        store, t = self._locate(name)
+        return int(store.steps[t])
+
+    def _gather(self, name: str, local: Tensor) -> Tensor:
+        store, t = self._locate(name)
+        gathered = self.comm.all_gather(local.detach().contiguous()).wait()
+        w = self.comm.world_size
+        ids = torch.cat([store.shardings[t].global_ids(r, gathered.device) for r in range(w)])
+        valid = ids >= 0
+        out = gathered.new_empty((self.tables[name].rows, *gathered.shape[1:]))
+        out[ids[valid]] = gathered[valid]
+        return out
+
+
+def _check_names(tables: Sequence[TableConfig]) -> None:
+    if not tables:
+        raise ValueError("a ShardedEmbeddingCollection needs at least one table")
+    names = [t.name for t in tables]
+    if len(set(names)) != len(names):
+        raise ValueError(f"duplicate table names: {names}")
+    features = [f for t in tables for f in t.features]
+    if len(set(features)) != len(features):
+        raise ValueError(f"a feature may look up only one table: {features}")

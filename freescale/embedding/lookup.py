@@ -1,0 +1,110 @@
+"""The synchronous sharded lookup ("vanilla TorchRec") as one autograd Function.
+
+Forward, per group: ids AllToAll (batch-major -> shard-major) -> local lookup
+-> embeddings AllToAll back (shard-major -> batch-major, aligned with the
+input ids). Backward, per group: gradients AllToAll (batch-major ->
+shard-major) -> sum duplicate rows in arrival order -> sparse optimizer update
+on the owner. The update is fused into backward, so no dense optimizer ever
+sees the tables. Every forward call has exactly one backward, which handles
+its groups in a fixed order, so all ranks issue the same collectives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from freescale.comm import Communicator, Work
+from freescale.embedding._ops import bucketize_by_owner, unpermute
+from freescale.embedding.preflight import Request
+from freescale.embedding.store import ShardStore
+
+# ``timer(section)`` returns a context manager wrapped around each phase:
+# ids_a2a, lookup, emb_a2a (forward); grad_a2a, update (backward).
+Timer = Callable[[str], AbstractContextManager[Any]]
+
+
+def no_timer(section: str) -> AbstractContextManager[Any]:
+    return contextlib.nullcontext()
+
+
+@dataclass
+class GroupCall:
+    """Routing of one group's ids for one lookup call (kept for backward)."""
+
+    store: ShardStore
+    requests: list[Request]
+    order: Tensor  # send position -> batch-major position
+    send_slots: Tensor  # local slot on the owner, in send order
+    send_counts: Tensor  # [W] ids per owner (device)
+    send: list[int] = field(default_factory=list)
+    recv: list[int] = field(default_factory=list)
+    recv_slots: Tensor | None = None
+    ids_work: Work | None = None  # ids AllToAll issued ahead (sdd), else None
+
+    @property
+    def sizes(self) -> list[int]:
+        return [q.ids.numel() for q in self.requests]
+
+    @property
+    def table_indices(self) -> list[int]:
+        return [q.slot_table for q in self.requests]
+
+
+def route(store: ShardStore, requests: list[Request], world_size: int) -> GroupCall:
+    """Owner and local slot of every id of the group, bucketized by owner."""
+    owners, slots = [], []
+    for q in requests:
+        owner, slot = store.shardings[q.slot_table].locate(q.ids)
+        owners.append(owner)
+        slots.append(slot + store.starts[q.slot_table])
+    owner, slot = torch.cat(owners), torch.cat(slots)
+    order, counts = bucketize_by_owner(owner, world_size)
+    return GroupCall(store, requests, order, slot.index_select(0, order), counts)
+
+
+def _forward(call: GroupCall, comm: Communicator, timer: Timer) -> Tensor:
+    with timer("ids_a2a"):
+        work = call.ids_work or comm.all_to_all_v(call.send_slots, call.send, call.recv)
+        call.recv_slots, call.ids_work = work.wait(), None
+    with timer("lookup"):
+        rows = call.store.lookup(call.recv_slots)
+    with timer("emb_a2a"):
+        back = comm.all_to_all_v(rows, call.recv, call.send).wait()
+        return unpermute(back, call.order)
+
+
+def _backward(call: GroupCall, comm: Communicator, grad: Tensor, timer: Timer) -> None:
+    assert call.recv_slots is not None
+    with timer("grad_a2a"):
+        grad_sorted = grad.to(call.store.dtype).index_select(0, call.order)
+        grad_shard = comm.all_to_all_v(grad_sorted, call.send, call.recv).wait()
+    with timer("update"):
+        call.store.apply_gradients(call.recv_slots, grad_shard, call.table_indices)
+    call.recv_slots = None  # a second backward through the same call is an error
+
+
+class ShardedLookup(torch.autograd.Function):
+    """Outputs: one ``[N_g, D_g]`` batch-major embedding tensor per group call."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, anchor: Tensor, calls: list[GroupCall], comm: Communicator, timer: Timer
+    ) -> tuple[Tensor, ...]:
+        ctx.calls, ctx.comm, ctx.timer = calls, comm, timer
+        return tuple(_forward(call, comm, timer) for call in calls)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Tensor) -> tuple[None, ...]:
+        with torch.no_grad():
+            for call, grad in zip(ctx.calls, grads, strict=True):
+                if call.recv_slots is None:
+                    raise RuntimeError("backward ran twice through one sharded lookup")
+                _backward(call, ctx.comm, grad, ctx.timer)
+        return None, None, None, None

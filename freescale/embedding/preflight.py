@@ -1,0 +1,194 @@
+"""Validate every rank's lookup input and exchange AllToAll counts, in one collective.
+
+Each rank computes, per request (feature), a status ``[code, value, aux]``
+on the device (no host sync), keeps the first bad one, and adds a fingerprint
+of its feature keys and its per-group send counts. One ``exchange_counts``
+call carries all of it: rank d receives from every rank s the fingerprint and
+first bad status of s and the number of ids s sends to d. After it, every rank knows
+whether *any* rank's input is bad, and all of them raise the same ValueError
+naming the table, the rank and the offending value, before any id or
+embedding is exchanged and before any update. No rank is left waiting in a
+collective that the others skipped.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from freescale.comm import Communicator, Work, exchange_counts
+from freescale.embedding._ops import first_bad
+from freescale.embedding.config import TableConfig
+
+OK, OUT_OF_RANGE, LENGTH_MISMATCH, BAD_OFFSETS, NOT_INTEGER, BAD_SHAPE, UNKNOWN_FEATURE = range(7)
+_INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
+
+@dataclass
+class Request:
+    """One input feature of a lookup call, routed to one table."""
+
+    key: str
+    table: TableConfig
+    group: int
+    slot_table: int  # index of the table inside its group's store
+    ids: Tensor  # flat int64 on the store device (empty when malformed)
+    offsets: Tensor | None  # jagged input: offsets passed back unchanged
+    shape: tuple[int, ...]  # tensor input: the ids' shape, restored on output
+    host_status: tuple[int, int, int] | None = None
+
+
+def make_request(
+    key: str,
+    table: TableConfig,
+    group: int,
+    slot_table: int,
+    ids: Tensor,
+    offsets: Tensor | None,
+    device: torch.device,
+) -> Request:
+    """Build a request; structural problems become a status instead of raising here."""
+    status = None
+    if ids.dtype not in _INT_DTYPES:
+        status = (NOT_INTEGER, 0, 0)
+    elif offsets is not None and (
+        ids.dim() != 1 or offsets.dim() != 1 or offsets.numel() < 1 or offsets.dtype != torch.int64
+    ):
+        status = (BAD_SHAPE, ids.dim(), offsets.numel())
+    shape = tuple(ids.shape)
+    flat = ids.reshape(-1).to(device=device, dtype=torch.int64) if status is None else None
+    if flat is None:
+        flat = torch.zeros(0, dtype=torch.int64, device=device)
+        offsets = None
+    elif offsets is not None:
+        offsets = offsets.to(device)
+    return Request(key, table, group, slot_table, flat, offsets, shape, status)
+
+
+def _status(req: Request) -> Tensor:
+    device = req.ids.device
+    if req.host_status is not None:
+        return torch.tensor(req.host_status, dtype=torch.int64, device=device)
+    n = req.ids.numel()
+    zero = torch.zeros((), dtype=torch.int64, device=device)
+    code, value = zero, zero
+    if n:
+        has_bad, first = first_bad(req.ids, req.table.rows)
+        code = torch.where(has_bad, OUT_OF_RANGE, code)
+        value = torch.where(has_bad, first, value)
+    if req.offsets is not None:
+        off = req.offsets
+        lengths = off[1:] - off[:-1]
+        min_len = lengths.min() if lengths.numel() else zero
+        start_bad = off[0] != 0
+        structure_bad = start_bad | (min_len < 0)
+        code = torch.where(structure_bad, BAD_OFFSETS, code)
+        value = torch.where(structure_bad, torch.where(start_bad, off[0], min_len), value)
+        sum_bad = off[-1] != n
+        code = torch.where(sum_bad, LENGTH_MISMATCH, code)
+        value = torch.where(sum_bad, off[-1], value)
+    return torch.stack([code, value, torch.full_like(zero, n)])
+
+
+def _message(requests: list[Request], src: int, summary: list[int], unknown: list[str]) -> str:
+    idx, code, value, aux = summary
+    if code == UNKNOWN_FEATURE:
+        names = f" {unknown}" if unknown else ""
+        return f"rank {src} looked up feature(s){names} that no table declares"
+    req = requests[idx]
+    where = f"table {req.table.name!r} (feature {req.key!r}): rank {src}"
+    if code == OUT_OF_RANGE:
+        return f"{where} looked up id {value}, outside [0, {req.table.rows})"
+    if code == LENGTH_MISMATCH:
+        return f"{where} passed lengths summing to {value} for {aux} ids"
+    if code == BAD_OFFSETS:
+        return f"{where} passed offsets with start/negative length {value} (must start at 0)"
+    if code == NOT_INTEGER:
+        return f"{where} passed ids of a non-integer dtype"
+    return f"{where} passed malformed jagged ids (ids dim {value}, {aux} offsets; need 1-D)"
+
+
+def _summary(requests: list[Request], unknown: list[str], device: torch.device) -> Tensor:
+    """[request index, code, value, aux] of the first bad request (code 0 if none)."""
+    if unknown or not requests:
+        code = UNKNOWN_FEATURE if unknown else OK
+        return torch.tensor([0, code, 0, 0], dtype=torch.int64, device=device)
+    status = torch.stack([_status(q) for q in requests])  # [R, 3]
+    first = (status[:, 0] != OK).to(torch.uint8).argmax()
+    return torch.cat([first.reshape(1), status[first]])
+
+
+def fingerprint(keys: list[str]) -> int:
+    """Same on every rank iff the ranks look up the same feature keys."""
+    return zlib.crc32("\0".join(sorted(keys)).encode())
+
+
+@dataclass
+class PendingPreflight:
+    """An issued preflight exchange; `finish_preflight` reads it on the host."""
+
+    work: Work
+    keys: list[str]
+    requests: list[Request]
+    unknown: list[str]
+    send_counts: Tensor
+    rank: int
+
+
+def start_preflight(
+    comm: Communicator,
+    keys: list[str],
+    requests: list[Request],
+    unknown: list[str],
+    send_counts: Tensor,
+) -> PendingPreflight:
+    """Issue the check of all ranks' inputs + counts exchange; nothing blocks.
+
+    ``send_counts`` is this rank's ``[W, G]`` count of ids per owner for each
+    of the collection's G groups. The payload has a fixed width (5 + G), so
+    even ranks that disagree on the keys meet in a well-formed collective.
+    """
+    w, device = comm.world_size, send_counts.device
+    head = torch.cat(
+        [
+            torch.tensor([fingerprint(keys)], dtype=torch.int64, device=device),
+            _summary(requests, unknown, device),
+        ]
+    )
+    payload = torch.cat([head.reshape(1, 5).expand(w, 5), send_counts.to(torch.int64)], dim=1)
+    work = exchange_counts(comm, payload)
+    return PendingPreflight(work, keys, requests, unknown, send_counts, comm.rank)
+
+
+def finish_preflight(p: PendingPreflight) -> tuple[list[list[int]], list[list[int]]]:
+    """Wait for the exchange; return per-group host (send, recv) counts.
+
+    Raises ValueError on every rank if any rank's input is bad.
+    """
+    received = p.work.wait().tolist()
+    for src, row in enumerate(received):
+        if row[0] != received[p.rank][0]:
+            raise ValueError(
+                f"ranks {p.rank} and {src} looked up different feature keys"
+                f" (this rank: {sorted(p.keys)}); every rank must pass the same keys"
+            )
+    for src, row in enumerate(received):
+        if row[2] != OK:
+            raise ValueError(_message(p.requests, src, row[1:5], p.unknown))
+    sends = p.send_counts.t().tolist()
+    recvs = [[row[5 + g] for row in received] for g in range(p.send_counts.shape[1])]
+    return sends, recvs
+
+
+def preflight(
+    comm: Communicator,
+    keys: list[str],
+    requests: list[Request],
+    unknown: list[str],
+    send_counts: Tensor,
+) -> tuple[list[list[int]], list[list[int]]]:
+    """`start_preflight` + `finish_preflight`: the blocking form (sync mode)."""
+    return finish_preflight(start_preflight(comm, keys, requests, unknown, send_counts))

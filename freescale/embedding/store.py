@@ -1,0 +1,179 @@
+"""`ShardStore`: this rank's slice of every table of one (dtype, dim, optimizer) group.
+
+The local weight is one ``[slots, dim]`` tensor: table t's local shard is the
+slot range ``[starts[t], starts[t] + sharding_t.local_rows)``. Optimizer state
+is per slot, fp32. Per-table step counters (host int64) drive the lr hook
+and Adam's bias correction.
+
+State dict keys carry the rank and world size (``weight.rank0of2``): each
+rank saves and loads only its own shard, which is what
+``torch.distributed.checkpoint`` needs for per-rank tensors, and a checkpoint
+read at another world size fails loudly (missing keys) instead of silently
+scrambling rows. A ``layout`` tensor guards against a changed assignment.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from freescale.embedding._ops import sum_duplicates
+from freescale.embedding.config import TableConfig
+from freescale.embedding.optim import OptimizerConfig, Scalar, apply_rows, make_state
+from freescale.embedding.sharding import RowSharding
+
+_KIND_CODE = {"block": 0, "hashed": 1}
+
+
+class ShardStore(nn.Module):
+    """Local rows + optimizer state of the tables of one group on one rank."""
+
+    def __init__(
+        self,
+        tables: Sequence[TableConfig],
+        shardings: Sequence[RowSharding],
+        optimizer: OptimizerConfig,
+        rank: int,
+        device: torch.device,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        self.tables = list(tables)
+        self.shardings = list(shardings)
+        self.optimizer = optimizer
+        self.rank = rank
+        self.world_size = shardings[0].world_size
+        self.dim, self.dtype = tables[0].dim, tables[0].dtype
+        sizes = [s.local_rows for s in shardings]
+        self.starts = [sum(sizes[:i]) for i in range(len(sizes))]
+        self.slots = sum(sizes)
+        self.register_buffer("weight", self._init_weight(device, seed), persistent=False)
+        state = make_state(optimizer, self.slots, self.dim, device)
+        self.state_names = list(state)
+        for name, t in state.items():
+            self.register_buffer(name, t, persistent=False)
+        self.register_buffer("steps", torch.zeros(len(tables), dtype=torch.int64), persistent=False)
+        self.register_buffer("frozen_slots", self._padding_slots(device), persistent=False)
+
+    # ---- construction --------------------------------------------------------
+    def _init_weight(self, device: torch.device, seed: int) -> Tensor:
+        """Uniform(+-sqrt(1/rows)) per table, seeded by (seed, rank); depends on W.
+
+        For world-size-independent initial values use `set_table`, as `swap` does.
+        """
+        weight = torch.empty(self.slots, self.dim, dtype=self.dtype, device=device)
+        gen = torch.Generator(device=device).manual_seed(seed * 1_000_003 + self.rank)
+        for t, start, s in zip(self.tables, self.starts, self.shardings, strict=True):
+            bound = math.sqrt(1.0 / t.rows)
+            weight[start : start + s.local_rows].uniform_(-bound, bound, generator=gen)
+        return weight
+
+    def _padding_slots(self, device: torch.device) -> Tensor:
+        slots = []
+        for t, start, s in zip(self.tables, self.starts, self.shardings, strict=True):
+            if t.padding_idx is None:
+                continue
+            owner, slot = s.locate(torch.tensor([t.padding_idx]))
+            if int(owner) == self.rank:
+                slots.append(start + int(slot))
+        return torch.tensor(sorted(slots), dtype=torch.int64, device=device)
+
+    def table_index(self, name: str) -> int:
+        return [t.name for t in self.tables].index(name)
+
+    # ---- training ------------------------------------------------------------
+    def lookup(self, slots: Tensor) -> Tensor:
+        return self.weight.index_select(0, slots)
+
+    def apply_gradients(self, slots: Tensor, grads: Tensor, tables: Sequence[int]) -> None:
+        """One optimizer step of ``tables`` with shard-major gradients of ``slots``."""
+        for t in sorted(set(tables)):
+            self.steps[t] += 1
+        rows, summed = sum_duplicates(slots, grads)
+        if self.frozen_slots.numel():
+            keep = ~torch.isin(rows, self.frozen_slots)
+            rows, summed = rows[keep], summed[keep]
+        lr, bc = self._step_scalars(rows)
+        apply_rows(self.optimizer, self.weight, self.optimizer_state(), rows, summed, lr, bc)
+
+    def optimizer_state(self) -> dict[str, Tensor]:
+        return {name: getattr(self, name) for name in self.state_names}
+
+    def _step_scalars(self, rows: Tensor) -> tuple[Scalar, tuple[Scalar, Scalar]]:
+        """lr and bias corrections: floats when all tables agree, else per-row columns."""
+        steps = [max(int(s), 1) for s in self.steps.tolist()]
+        per_table = [(self.optimizer.lr_at(s), *self.optimizer.bias_corrections(s)) for s in steps]
+        if len(set(per_table)) == 1:
+            lr, b1, b2 = per_table[0]
+            return lr, (b1, b2)
+        bounds = torch.tensor(self.starts[1:], dtype=torch.int64, device=rows.device)
+        table_of_row = torch.bucketize(rows, bounds, right=True)
+        cols = torch.tensor(per_table, dtype=torch.float64, device=rows.device)[table_of_row]
+        cols = cols.to(torch.float32).unsqueeze(-1)
+        return cols[:, 0], (cols[:, 1], cols[:, 2])
+
+    # ---- full-table views (tests, swap, debugging) ---------------------------
+    def local_global_ids(self, t: int) -> Tensor:
+        return self.shardings[t].global_ids(self.rank, self.weight.device)
+
+    def table_slice(self, t: int, tensor: Tensor) -> Tensor:
+        start = self.starts[t]
+        return tensor[start : start + self.shardings[t].local_rows]
+
+    # ---- state dict ----------------------------------------------------------
+    def _tensors(self) -> dict[str, Tensor]:
+        named = {"weight": self.weight, "steps": self.steps}
+        named.update(self.optimizer_state())
+        named["layout"] = self._layout()
+        return named
+
+    def _layout(self) -> Tensor:
+        rows = [
+            [s.rows, s.world_size, _KIND_CODE[s.kind], s.block_size, t.dim]
+            for t, s in zip(self.tables, self.shardings, strict=True)
+        ]
+        return torch.tensor(rows, dtype=torch.int64)
+
+    def _key(self, prefix: str, name: str) -> str:
+        return f"{prefix}{name}.rank{self.rank}of{self.world_size}"
+
+    def _save_to_state_dict(self, destination: dict, prefix: str, keep_vars: bool) -> None:
+        for name, t in self._tensors().items():
+            destination[self._key(prefix, name)] = t if keep_vars else t.detach()
+
+    def _load_from_state_dict(
+        self,
+        state_dict: dict[str, Any],
+        prefix: str,
+        local_metadata: dict,
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
+        tensors = self._tensors()
+        for name, target in tensors.items():
+            key = self._key(prefix, name)
+            if key not in state_dict:
+                missing_keys.append(key)
+                continue
+            src = state_dict[key]
+            if name == "layout":
+                if not torch.equal(src.cpu(), target):
+                    error_msgs.append(f"{key}: sharding layout {src.tolist()} != {target.tolist()}")
+            elif src.shape != target.shape or src.dtype != target.dtype:
+                error_msgs.append(
+                    f"{key}: {src.dtype}{tuple(src.shape)} != expected "
+                    f"{target.dtype}{tuple(target.shape)}"
+                )
+            elif src.data_ptr() != target.data_ptr():
+                with torch.no_grad():
+                    target.copy_(src)
+        # A store has no children: every other key under its prefix is foreign
+        # (e.g. another rank's shard).
+        ours = {self._key(prefix, n) for n in tensors}
+        unexpected_keys.extend(k for k in state_dict if k.startswith(prefix) and k not in ours)

@@ -1,0 +1,177 @@
+"""`swap(model, plan)`: replace embedding modules with sharded drop-ins, in place.
+
+The model's code does not change: each ``nn.Embedding`` becomes a
+`ShardedEmbedding` with the same call signature (``emb(ids) -> ids.shape + (D,)``),
+and each TorchRec ``EmbeddingCollection`` becomes a `ShardedTorchRecCollection`
+(``ec(kjt) -> {feature: JaggedTensor}``). All replaced tables live in one
+`ShardedEmbeddingCollection` (returned; checkpoint it, the swapped modules hold
+no state of their own) and start from the original modules' weights, so a
+sharded run starts exactly where the unsharded one does.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from freescale.comm import Communicator
+from freescale.embedding.collection import ShardedEmbeddingCollection
+from freescale.embedding.config import ShardingPlan, TableConfig
+from freescale.jagged import JaggedTensor
+
+
+class ShardedEmbedding(nn.Module):
+    """Drop-in for ``nn.Embedding``: ``forward(ids) -> ids.shape + (dim,)``."""
+
+    def __init__(self, collection: ShardedEmbeddingCollection, table: str) -> None:
+        super().__init__()
+        # Held outside the module tree: several swapped modules share one
+        # collection, whose state is saved once, through the collection.
+        self.__dict__["collection"] = collection
+        self.table = table
+        cfg = collection.tables[table]
+        self.num_embeddings, self.embedding_dim = cfg.rows, cfg.dim
+        self.padding_idx = cfg.padding_idx
+
+    def forward(self, input: Tensor) -> Tensor:
+        return self.collection({self.table: input})[self.table]  # type: ignore[return-value]
+
+    def prefetch(self, input: Tensor) -> None:
+        """Start the input distribution of a later ``forward(input)`` (sdd)."""
+        self.collection.prefetch({self.table: input})
+
+    def extra_repr(self) -> str:
+        return f"{self.table!r}, {self.num_embeddings}, {self.embedding_dim}, sharded"
+
+
+class ShardedTorchRecCollection(nn.Module):
+    """Drop-in for ``torchrec.EmbeddingCollection``: ``forward(kjt) -> {feature: JT}``."""
+
+    def __init__(
+        self, collection: ShardedEmbeddingCollection, prefix: str, need_indices: bool
+    ) -> None:
+        super().__init__()
+        self.__dict__["collection"] = collection
+        self.prefix, self.need_indices = prefix, need_indices
+
+    def forward(self, features: Any) -> dict[str, Any]:
+        from torchrec.sparse.jagged_tensor import JaggedTensor as TorchRecJagged
+
+        per_feature = features.to_dict()
+        ours = {
+            self.prefix + f: JaggedTensor(jt.values(), jt.offsets())
+            for f, jt in per_feature.items()
+        }
+        out = self.collection(ours)
+        return {
+            f: TorchRecJagged(
+                values=out[self.prefix + f].values,  # type: ignore[union-attr]
+                lengths=jt.lengths(),
+                offsets=jt.offsets(),
+                weights=jt.values() if self.need_indices else None,
+            )
+            for f, jt in per_feature.items()
+        }
+
+
+def _torchrec_ec_type() -> type | None:
+    # A model can only hold an EmbeddingCollection if torchrec was imported,
+    # so never pay torchrec's import cost here.
+    if "torchrec" not in sys.modules:
+        return None
+    from torchrec.modules.embedding_modules import EmbeddingCollection
+
+    return EmbeddingCollection
+
+
+def _check_embedding(path: str, m: nn.Embedding) -> None:
+    if m.max_norm is not None or m.scale_grad_by_freq:
+        raise ValueError(f"{path}: max_norm / scale_grad_by_freq are not supported when sharded")
+
+
+def _tables_of(path: str, m: nn.Module, plan: ShardingPlan, ec_type: type | None) -> list:
+    """(TableConfig, initial weight) for each table a target module holds."""
+    if isinstance(m, nn.Embedding):
+        _check_embedding(path, m)
+        w = m.weight
+        cfg = TableConfig(
+            path,
+            m.num_embeddings,
+            m.embedding_dim,
+            w.dtype,
+            plan.table_optimizers.get(path),
+            padding_idx=m.padding_idx,
+        )
+        return [(cfg, w)]
+    assert ec_type is not None and isinstance(m, ec_type)
+    out = []
+    for tc in m.embedding_configs():
+        w = m.embeddings[tc.name].weight
+        name = f"{path}.{tc.name}"
+        features = tuple(f"{path}.{f}" for f in tc.feature_names)
+        opt = plan.table_optimizers.get(name)
+        out.append(
+            (TableConfig(name, tc.num_embeddings, tc.embedding_dim, w.dtype, opt, features), w)
+        )
+    return out
+
+
+def _check_not_tied(model: nn.Module, targets: dict[int, tuple[str, nn.Module]]) -> None:
+    owned = {id(p) for _, m in targets.values() for p in m.parameters()}
+    for path, m in model.named_modules():
+        if id(m) in targets:
+            continue
+        for name, p in m.named_parameters(recurse=False):
+            if id(p) in owned:
+                raise ValueError(
+                    f"{path}.{name} shares an embedding weight; tied weights cannot be sharded"
+                )
+
+
+def swap(
+    model: nn.Module,
+    plan: ShardingPlan,
+    comm: Communicator | None = None,
+    device: torch.device | str | None = None,
+) -> ShardedEmbeddingCollection:
+    """Replace the embedding modules ``plan`` selects; return the collection behind them.
+
+    Every rank must call it on an identical model. ``comm`` defaults to a
+    `TorchCommunicator` on the default process group.
+    """
+    if comm is None:
+        from freescale.comm import TorchCommunicator
+
+        comm = TorchCommunicator()
+    ec_type = _torchrec_ec_type()
+    kinds = (nn.Embedding,) if ec_type is None else (nn.Embedding, ec_type)
+    if isinstance(model, kinds):
+        raise ValueError("swap replaces submodules; wrap a bare embedding module in a parent")
+    targets: dict[int, tuple[str, nn.Module]] = {}
+    for path, m in model.named_modules():
+        if isinstance(m, kinds) and plan.selects(path):
+            targets[id(m)] = (path, m)
+    if not targets:
+        raise ValueError("swap found no nn.Embedding / EmbeddingCollection that the plan selects")
+    _check_not_tied(model, targets)
+    pairs = [pair for path, m in targets.values() for pair in _tables_of(path, m, plan, ec_type)]
+    collection = ShardedEmbeddingCollection([c for c, _ in pairs], comm, plan, device)
+    for cfg, weight in pairs:
+        collection.set_table(cfg.name, weight.detach())
+    replacements = {key: _replacement(collection, path, m) for key, (path, m) in targets.items()}
+    for _, parent in model.named_modules(remove_duplicate=False):
+        for child_name, child in list(parent.named_children()):
+            if id(child) in replacements:
+                setattr(parent, child_name, replacements[id(child)])
+    return collection
+
+
+def _replacement(collection: ShardedEmbeddingCollection, path: str, m: nn.Module) -> nn.Module:
+    if isinstance(m, nn.Embedding):
+        return ShardedEmbedding(collection, path)
+    return ShardedTorchRecCollection(
+        collection, path + ".", bool(getattr(m, "_need_indices", False))
+    )

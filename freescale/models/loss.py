@@ -1,0 +1,44 @@
+"""Loss and normalized entropy (NE), with explicit normalization.
+
+The loss is a *sum* of per-candidate BCE terms divided by the *global*
+number of candidates of the step (all ranks). Summed over ranks, gradients
+are then exactly those of the mean loss over the global batch, however the
+samples are split across ranks (load balancing changes local batch sizes;
+the math must not change). No hidden division by the world size anywhere.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def bce_loss(logits: Tensor, labels: Tensor, global_count: int | Tensor) -> Tensor:
+    """Σ BCE over this rank's candidates / global candidate count."""
+    total = F.binary_cross_entropy_with_logits(logits.float(), labels.float(), reduction="sum")
+    return total / global_count
+
+
+def entropy(p: float) -> float:
+    """Binary entropy (nats) of a base rate ``p``; 0 at p in {0, 1}."""
+    if p <= 0.0 or p >= 1.0:
+        return 0.0
+    return -(p * math.log(p) + (1 - p) * math.log(1 - p))
+
+
+def normalized_entropy(bce_sum: float, positives: float, count: float) -> float:
+    """NE = mean BCE / entropy of the label base rate (1.0 = no better than the rate)."""
+    if count <= 0:
+        return float("nan")
+    h = entropy(positives / count)
+    return (bce_sum / count) / h if h > 0 else float("nan")
+
+
+@torch.no_grad()
+def bce_sum(logits: Tensor, labels: Tensor) -> float:
+    return float(
+        F.binary_cross_entropy_with_logits(logits.float(), labels.float(), reduction="sum")
+    )

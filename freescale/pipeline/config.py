@@ -1,0 +1,197 @@
+"""Training configuration: one flat dataclass, named presets, ``key=value`` overrides.
+
+Flat on purpose: every knob is one ``--set key=value`` away and one line in
+the JSON summary. Validation happens in ``__post_init__`` (ValueError with
+one clear sentence), in the launching process, before any rank starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+MODES = ("sync", "sdd")
+DEVICES = ("auto", "cpu", "cuda")
+EMB_OPTIMIZERS = ("sgd", "adagrad", "adam")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    # run
+    mode: str = "sync"
+    nproc: int = 2
+    device: str = "cpu"
+    steps: int = 150
+    warmup: int = 5
+    batch_size: int = 32
+    seed: int = 0
+    deterministic: bool = True
+    # data
+    data: str = "synthetic"
+    num_items: int = 2_000
+    max_uih: int = 64
+    length_median: float = 24.0
+    length_sigma: float = 0.8
+    length_cap: int = 64
+    zipf_alpha: float = 1.05
+    max_candidates: int = 4
+    max_content: int = 2
+    # model
+    dim: int = 32
+    item_dim: int = 32
+    heads: int = 2
+    layers: int = 1
+    attention: str = "auto"
+    # optimization
+    dense_lr: float = 3e-3
+    emb_optimizer: str = "adagrad"
+    emb_lr: float = 0.05
+    assignment: str = "hashed"
+    # evaluation and output
+    eval_every: int = 30
+    eval_batches: int = 4
+    metrics_path: str = ""
+    trace_path: str = ""
+    trace_steps: str = ""
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        _choice("mode", self.mode, MODES)
+        _choice("device", self.device, DEVICES)
+        _choice("emb_optimizer", self.emb_optimizer, EMB_OPTIMIZERS)
+        _choice("assignment", self.assignment, ("hashed", "block"))
+        _choice("attention", self.attention, ("auto", "reference", "varlen"))
+        for name in (
+            "nproc",
+            "steps",
+            "batch_size",
+            "num_items",
+            "dim",
+            "item_dim",
+            "heads",
+            "layers",
+            "max_candidates",
+            "eval_batches",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("warmup", "max_uih", "max_content", "length_cap", "eval_every"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.warmup >= self.steps:
+            raise ValueError(f"warmup ({self.warmup}) must be < steps ({self.steps})")
+        if self.item_dim != self.dim:
+            raise ValueError(
+                f"item table dim mismatch: item_dim={self.item_dim} but the model's dim is "
+                f"{self.dim} (the reference model feeds item embeddings in directly)"
+            )
+        if self.dim % self.heads:
+            raise ValueError(f"dim ({self.dim}) must be divisible by heads ({self.heads})")
+        if self.dense_lr <= 0 or self.emb_lr <= 0:
+            raise ValueError("dense_lr and emb_lr must be > 0")
+        if self.trace_steps:
+            trace_window(self.trace_steps)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
+
+
+def trace_window(text: str) -> tuple[int, int]:
+    """``"10-12"`` -> (10, 12): the steps a profiler trace covers (inclusive)."""
+    try:
+        a, b = (int(x) for x in text.split("-"))
+    except ValueError:
+        raise ValueError(f"trace_steps must look like '10-12', got {text!r}") from None
+    if not 0 <= a <= b:
+        raise ValueError(f"trace_steps must be an increasing range, got {text!r}")
+    return a, b
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # The README demo: 2 gloo ranks on the CPU, small model, long-tail data.
+    "demo": {},
+    # GPU presets (one process per GPU): the paper's long-UIH regime.
+    "h200-8k": dict(
+        device="cuda",
+        nproc=2,
+        steps=60,
+        warmup=10,
+        batch_size=64,
+        num_items=10_000_000,
+        max_uih=8_000,
+        length_median=4_500,
+        length_sigma=0.55,
+        length_cap=17_000,
+        max_candidates=8,
+        max_content=4,
+        dim=256,
+        item_dim=256,
+        heads=4,
+        layers=4,
+        emb_optimizer="adagrad",
+        eval_every=0,
+        deterministic=False,
+    ),
+    "h200-21k": dict(
+        device="cuda",
+        nproc=2,
+        steps=60,
+        warmup=10,
+        batch_size=64,
+        num_items=10_000_000,
+        max_uih=21_000,
+        length_median=4_500,
+        length_sigma=0.55,
+        length_cap=17_000,
+        max_candidates=8,
+        max_content=4,
+        dim=256,
+        item_dim=256,
+        heads=4,
+        layers=4,
+        emb_optimizer="adagrad",
+        eval_every=0,
+        deterministic=False,
+    ),
+}
+
+
+def parse_value(field_type: Any, key: str, text: str) -> Any:
+    kind = field_type if isinstance(field_type, str) else getattr(field_type, "__name__", "")
+    try:
+        if kind == "bool":
+            if text.lower() in ("1", "true", "yes", "on"):
+                return True
+            if text.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        if kind == "int":
+            return int(text.replace("_", ""))
+        if kind == "float":
+            return float(text)
+    except ValueError:
+        raise ValueError(f"{key} expects a {kind}, got {text!r}") from None
+    return text
+
+
+def build_config(preset: str = "demo", overrides: list[str] | None = None) -> TrainConfig:
+    """A preset with ``key=value`` overrides applied; unknown keys are errors."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; presets: {', '.join(PRESETS)}")
+    types = {f.name: f.type for f in fields(TrainConfig)}
+    values = dict(PRESETS[preset])
+    for item in overrides or []:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep:
+            raise ValueError(f"override {item!r} must look like key=value")
+        if key not in types:
+            raise ValueError(f"unknown config key {key!r}; known keys: {', '.join(types)}")
+        values[key] = parse_value(types[key], key, text.strip())
+    return replace(TrainConfig(), **values)

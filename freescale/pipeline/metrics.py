@@ -1,0 +1,147 @@
+"""Step metrics exactly as DESIGN §10, gathered from all ranks once per step.
+
+- straggler % = mean over ranks of (max_r C_r − C_r) / T_iter, C_r = rank r's
+  compute time of the step (step time minus exposed communication and data
+  wait), T_iter = the step time (max over ranks).
+- exposed communication: per category, mean over ranks, ms per step.
+- QPS = items (UIH tokens + candidates) of all ranks per second of T_iter.
+- NE = mean BCE / entropy of the label base rate.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from freescale.models.loss import normalized_entropy
+from freescale.pipeline.timing import CATEGORIES
+
+# Order of the per-rank vector that is all-gathered.
+_FIELDS = (
+    "step_ms",
+    "compute_ms",
+    "data_ms",
+    *CATEGORIES,
+    "bce_sum",
+    "positives",
+    "candidates",
+    "items",
+    "samples",
+)
+
+
+@dataclass
+class RankStep:
+    step_ms: float
+    compute_ms: float
+    data_ms: float
+    exposed: dict[str, float]
+    bce_sum: float
+    positives: float
+    candidates: float
+    items: float
+    samples: float
+
+    def vector(self, device: torch.device) -> torch.Tensor:
+        values = [
+            self.step_ms,
+            self.compute_ms,
+            self.data_ms,
+            *(self.exposed.get(c, 0.0) for c in CATEGORIES),
+            self.bce_sum,
+            self.positives,
+            self.candidates,
+            self.items,
+            self.samples,
+        ]
+        return torch.tensor(values, dtype=torch.float64, device=device)
+
+
+def gather_step(local: RankStep, device: torch.device) -> torch.Tensor:
+    """``[world, fields]`` of every rank's numbers (one small all_gather)."""
+    vec = local.vector(device)
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return vec.unsqueeze(0).cpu()
+    out = [torch.empty_like(vec) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, vec)
+    return torch.stack(out).cpu()
+
+
+def summarize_step(step: int, table: torch.Tensor) -> dict[str, Any]:
+    col = {name: table[:, i] for i, name in enumerate(_FIELDS)}
+    t_iter = float(col["step_ms"].max())
+    compute = col["compute_ms"]
+    straggler = float(((compute.max() - compute) / t_iter).mean()) * 100 if t_iter > 0 else 0.0
+    bce, pos, cands = (float(col[k].sum()) for k in ("bce_sum", "positives", "candidates"))
+    return {
+        "step": step,
+        "step_ms": t_iter,
+        "compute_ms": [round(float(c), 3) for c in compute],
+        "straggler_pct": straggler,
+        "exposed_comm_ms": {c: float(col[c].mean()) for c in CATEGORIES},
+        "data_wait_ms": float(col["data_ms"].mean()),
+        "qps": float(col["items"].sum()) / (t_iter / 1000.0) if t_iter > 0 else 0.0,
+        "loss": bce / cands if cands else float("nan"),
+        "ne": normalized_entropy(bce, pos, cands),
+        "samples": int(col["samples"].sum()),
+        "items": int(col["items"].sum()),
+    }
+
+
+@dataclass
+class RunSummary:
+    """Means over the measured (post-warm-up) steps, plus the final NE."""
+
+    warmup: int
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    evals: list[dict[str, float]] = field(default_factory=list)
+
+    def add(self, record: dict[str, Any]) -> None:
+        self.steps.append(record)
+
+    def final(self, extra: dict[str, Any]) -> dict[str, Any]:
+        measured = [s for s in self.steps if s["step"] >= self.warmup] or self.steps
+
+        def mean(key: str) -> float:
+            return sum(s[key] for s in measured) / len(measured)
+
+        return {
+            "steps": len(self.steps),
+            "measured_steps": len(measured),
+            "samples": sum(s["samples"] for s in self.steps),
+            "ne": self.evals[-1]["ne"] if self.evals else None,
+            "ne_first_eval": self.evals[0]["ne"] if self.evals else None,
+            "train_ne_last": self.steps[-1]["ne"] if self.steps else None,
+            "step_ms": mean("step_ms"),
+            "qps": mean("qps"),
+            "straggler_pct": mean("straggler_pct"),
+            "exposed_comm_ms": {
+                c: sum(s["exposed_comm_ms"][c] for s in measured) / len(measured)
+                for c in CATEGORIES
+            },
+            **extra,
+        }
+
+
+class JsonLines:
+    """Append-only JSON-lines writer (rank 0 only); no-op without a path."""
+
+    def __init__(self, path: str) -> None:
+        self.file = None
+        if path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            self.file = open(path, "w")  # noqa: SIM115 - kept open for the run
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self.file is not None:
+            self.file.write(json.dumps(record) + "\n")
+            self.file.flush()
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()

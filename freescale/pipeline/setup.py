@@ -1,0 +1,125 @@
+"""Building the pieces of a training run from a `TrainConfig` (one rank)."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from freescale.data.distributions import LengthDistribution
+from freescale.data.sequences import SequenceSampling
+from freescale.data.source import DataSource, open_source
+from freescale.data.synthetic import SyntheticConfig
+from freescale.embedding import SGD, Adam, RowwiseAdagrad, ShardingPlan
+from freescale.embedding.optim import OptimizerConfig
+from freescale.models.sequence import ModelConfig
+from freescale.pipeline.config import TrainConfig
+
+
+def pick_device(cfg: TrainConfig) -> torch.device:
+    want = cfg.device
+    if want == "auto":
+        want = "cuda" if torch.cuda.is_available() else "cpu"
+    if want == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("device=cuda but no CUDA device is visible")
+        local = int(os.environ.get("LOCAL_RANK", dist.get_rank() if dist.is_initialized() else 0))
+        torch.cuda.set_device(local % torch.cuda.device_count())
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def seed_everything(cfg: TrainConfig) -> None:
+    """Same seed on every rank: replicated dense weights start identical."""
+    random.seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    if cfg.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def make_source(cfg: TrainConfig) -> DataSource:
+    synthetic = SyntheticConfig(
+        num_items=cfg.num_items,
+        zipf_alpha=cfg.zipf_alpha,
+        max_uih=cfg.max_uih,
+        lengths=LengthDistribution(
+            median=cfg.length_median, sigma=cfg.length_sigma, cap=cfg.length_cap
+        ),
+        max_candidates=cfg.max_candidates,
+        max_content=cfg.max_content,
+        seed=cfg.seed,
+    )
+    return open_source(cfg.data, synthetic, SequenceSampling(max_uih=cfg.max_uih, seed=cfg.seed))
+
+
+def check_data(cfg: TrainConfig, world_size: int) -> DataSource:
+    """Fail at start, in the launching process, if the data cannot feed the run."""
+    source = make_source(cfg)
+    available = source.num_steps(world_size, cfg.batch_size)
+    if available is None:
+        return source
+    total = available * world_size * cfg.batch_size
+    samples = len(source) if hasattr(source, "__len__") else total
+    if samples < world_size:
+        raise ValueError(f"more ranks ({world_size}) than samples ({samples}) in {cfg.data}")
+    if available < cfg.steps:
+        raise ValueError(
+            f"{cfg.data} has {samples} samples = {available} global batches of "
+            f"{world_size}x{cfg.batch_size}; steps={cfg.steps} needs {cfg.steps}"
+        )
+    return source
+
+
+def model_config(cfg: TrainConfig, num_items: int) -> ModelConfig:
+    return ModelConfig(
+        num_items=num_items,
+        dim=cfg.dim,
+        heads=cfg.heads,
+        layers=cfg.layers,
+        attention=cfg.attention,
+    )
+
+
+def embedding_optimizer(cfg: TrainConfig) -> OptimizerConfig:
+    if cfg.emb_optimizer == "sgd":
+        return SGD(lr=cfg.emb_lr)
+    if cfg.emb_optimizer == "adagrad":
+        return RowwiseAdagrad(lr=cfg.emb_lr)
+    return Adam(lr=cfg.emb_lr)
+
+
+def sharding_plan(cfg: TrainConfig) -> ShardingPlan:
+    return ShardingPlan(
+        optimizer=embedding_optimizer(cfg), assignment=cfg.assignment, modules=("item_emb",)
+    )
+
+
+class DenseSync:
+    """DDP over the dense parameters with a *sum* all-reduce.
+
+    DDP averages gradients (divides by W); our loss is already normalized by
+    the global candidate count, so the right reduction is a plain sum. The
+    hook also marks when the last bucket became ready: from there to the end
+    of backward is the dense all-reduce time the compute stream is exposed to.
+    """
+
+    def __init__(self, model: nn.Module, mark) -> None:
+        self.mark = mark
+        self.last_ready: object = None
+        # The sharded tables live outside the module tree, so DDP sees only
+        # dense parameters (and the model has no buffers to broadcast).
+        self.ddp = DistributedDataParallel(model)
+        self.ddp.register_comm_hook(self, DenseSync._hook)
+
+    @staticmethod
+    def _hook(state, bucket):
+        state.last_ready = state.mark()
+        fut = dist.all_reduce(bucket.buffer(), async_op=True).get_future()
+        return fut.then(lambda f: f.value()[0])

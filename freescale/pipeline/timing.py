@@ -1,0 +1,77 @@
+"""Per-step section timing: CUDA events on the compute stream, or wall clock on CPU.
+
+A section's time is what the *compute stream* spends in it. For a blocking
+collective (``work.wait()`` inside the section) that is exactly the exposed
+communication: the compute stream can do nothing else meanwhile.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+# Sections whose time is communication the compute stream waited on.
+EXPOSED = {
+    "preflight": "ids_a2a",  # id validity + counts exchange before the ids AllToAll
+    "ids_a2a": "ids_a2a",
+    "emb_a2a": "emb_a2a",
+    "grad_a2a": "grad_a2a",
+    "dense_allreduce": "dense_allreduce",
+    "meta": "meta",  # global candidate count of the step
+    "balancer": "balancer",
+}
+CATEGORIES = ("ids_a2a", "emb_a2a", "grad_a2a", "dense_allreduce", "meta", "balancer")
+
+
+class SectionTimer:
+    """Collects named sections within one step; ``read_ms()`` ends the step."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self._open: list[tuple[str, object, object]] = []
+
+    def _now(self) -> object:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    @contextmanager
+    def section(self, name: str) -> Iterator[None]:
+        start = self._now()
+        try:
+            yield
+        finally:
+            self._open.append((name, start, self._now()))
+
+    def add_interval(self, name: str, start: object, end: object) -> None:
+        """A section whose two ends were taken with `mark` (e.g. across hooks)."""
+        self._open.append((name, start, end))
+
+    def mark(self) -> object:
+        return self._now()
+
+    def read_ms(self) -> dict[str, float]:
+        """Total milliseconds per section name; synchronizes CUDA events."""
+        totals: dict[str, float] = defaultdict(float)
+        for name, start, end in self._open:
+            if self.cuda:
+                end.synchronize()  # type: ignore[attr-defined]
+                totals[name] += start.elapsed_time(end)  # type: ignore[attr-defined]
+            else:
+                totals[name] += (end - start) * 1000.0  # type: ignore[operator]
+        self._open.clear()
+        return dict(totals)
+
+
+def exposed_by_category(sections: dict[str, float]) -> dict[str, float]:
+    out = dict.fromkeys(CATEGORIES, 0.0)
+    for name, ms in sections.items():
+        if name in EXPOSED:
+            out[EXPOSED[name]] += ms
+    return out

@@ -1,0 +1,220 @@
+"""The staged training loop of one rank: load → forward → backward → optimizer → metrics.
+
+Modes (all produce identical numbers):
+- ``sync``: everything blocks in place ("vanilla TorchRec");
+- ``sdd``: the ids exchange (and the step's candidate count) of step i+1 is
+  issued during step i and only waited for in step i+1's forward
+  (TorchRec's sparse data dist).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from freescale.comm import TorchCommunicator
+from freescale.embedding import swap
+from freescale.jagged.batch import SampleBatch
+from freescale.models.loss import bce_loss, bce_sum, normalized_entropy
+from freescale.models.sequence import SequenceModel
+from freescale.pipeline.config import TrainConfig, trace_window
+from freescale.pipeline.loader import Prefetcher
+from freescale.pipeline.metrics import JsonLines, RankStep, RunSummary, gather_step, summarize_step
+from freescale.pipeline.setup import (
+    DenseSync,
+    check_data,
+    model_config,
+    pick_device,
+    seed_everything,
+    sharding_plan,
+)
+from freescale.pipeline.timing import SectionTimer, exposed_by_category
+
+EVAL_STEP_OFFSET = 10_000_000  # held-out synthetic samples: far from any training step
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig) -> None:
+        self.cfg = cfg
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.device = pick_device(cfg)
+        seed_everything(cfg)
+        self.source = check_data(cfg, self.world)
+        with self.device:  # initialize on the device: large tables init in ms, not minutes
+            self.model = SequenceModel(model_config(cfg, self.source.num_items))
+        self.timer = SectionTimer(self.device)
+        self.comm = TorchCommunicator(device=self.device)
+        self.embeddings = swap(self.model, sharding_plan(cfg), self.comm, self.device)
+        self.embeddings.timer = self.timer.section
+        self.dense = DenseSync(self.model, self.timer.mark)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.dense_lr)
+        self.summary = RunSummary(cfg.warmup)
+        self.writer = JsonLines(cfg.metrics_path if self.rank == 0 else "")
+
+    # ---- stages ------------------------------------------------------------
+    def _count_work(self, batch: SampleBatch) -> Any:
+        """Issue the all-reduce of the step's global candidate count."""
+        count = torch.tensor([batch.num_candidates_total], dtype=torch.int64, device=self.device)
+        return count, dist.all_reduce(count, async_op=True)
+
+    def _prefetch(self, batch: SampleBatch) -> Any:
+        """sdd: start everything about ``batch`` that does not depend on parameters."""
+        for path, ids in self.model.embedding_inputs(batch).items():
+            self.model.get_submodule(path).prefetch(ids)
+        return self._count_work(batch)
+
+    def _train_step(self, batch: SampleBatch, count_work: Any) -> tuple[float, float]:
+        with self.timer.section("meta"):
+            count, work = count_work if count_work is not None else self._count_work(batch)
+            work.wait()
+            global_count = int(count.item())
+        logits = self.dense.ddp(batch)
+        if self.cfg.mode == "sdd":
+            self.embeddings.prefetch_ids()  # next batch's ids AllToAll overlaps backward
+        loss = bce_loss(logits, batch.labels, global_count)
+        self.dense.last_ready = None
+        loss.backward()  # fused sparse update + overlapped dense all-reduce
+        if self.dense.last_ready is not None:
+            self.timer.add_interval("dense_allreduce", self.dense.last_ready, self.timer.mark())
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return bce_sum(logits.detach(), batch.labels), float(batch.labels.sum())
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """NE on held-out samples (every rank its slice; sums all-reduced)."""
+        totals = torch.zeros(3, dtype=torch.float64, device=self.device)
+        with self.embeddings.prefetch_disabled():
+            for k in range(self.cfg.eval_batches):
+                batch = self.source.batch(
+                    EVAL_STEP_OFFSET + k, self.rank, self.world, self.cfg.batch_size
+                ).to(self.device)
+                logits = self.model(batch)
+                totals += torch.tensor(
+                    [
+                        bce_sum(logits, batch.labels),
+                        float(batch.labels.sum()),
+                        batch.num_candidates_total,
+                    ],
+                    dtype=torch.float64,
+                    device=self.device,
+                )
+        dist.all_reduce(totals)
+        s, p, n = totals.tolist()
+        return {"ne": normalized_entropy(s, p, n), "candidates": n}
+
+    # ---- loop --------------------------------------------------------------
+    def run(self) -> dict[str, Any] | None:
+        cfg = self.cfg
+        loader = Prefetcher(
+            self.source, self.rank, self.world, cfg.batch_size, self.device, range(cfg.steps)
+        )
+        profiler = self._profiler()
+        start = time.perf_counter()
+        t_data = time.perf_counter()
+        nxt = loader.get()
+        data_ms = (time.perf_counter() - t_data) * 1000
+        next_count = self._prefetch(nxt) if cfg.mode == "sdd" else None
+        for step in range(cfg.steps):
+            step_start = self.timer.mark()
+            t0 = time.perf_counter()
+            batch, count_work = nxt, next_count
+            if step + 1 < cfg.steps:
+                t_data = time.perf_counter()
+                nxt = loader.get()
+                data_ms += (time.perf_counter() - t_data) * 1000
+                next_count = self._prefetch(nxt) if cfg.mode == "sdd" else None
+            bce, positives = self._train_step(batch, count_work)
+            self.timer.add_interval("step", step_start, self.timer.mark())
+            record = self._metrics(step, batch, bce, positives, data_ms, t0)
+            data_ms = 0.0
+            if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
+                self.summary.evals.append({"step": step, **self.evaluate()})
+                record["eval_ne"] = self.summary.evals[-1]["ne"]
+            self.writer.write(record)
+            self._progress(step, record, start)
+            if profiler is not None:
+                profiler.step()
+        if profiler is not None:
+            profiler.stop()
+        self.writer.close()
+        if self.rank != 0:
+            return None
+        extra = {
+            "mode": cfg.mode,
+            "world_size": self.world,
+            "device": str(self.device),
+            "wall_s": time.perf_counter() - start,
+        }
+        return self.summary.final(extra)
+
+    def _metrics(
+        self, step: int, batch: SampleBatch, bce: float, positives: float, data_ms: float, t0: float
+    ) -> dict[str, Any]:
+        sections = self.timer.read_ms()
+        step_ms = sections.pop("step", (time.perf_counter() - t0) * 1000) + data_ms
+        exposed = exposed_by_category(sections)
+        local = RankStep(
+            step_ms=step_ms,
+            compute_ms=step_ms - sum(exposed.values()) - data_ms,
+            data_ms=data_ms,
+            exposed=exposed,
+            bce_sum=bce,
+            positives=positives,
+            candidates=batch.num_candidates_total,
+            items=int(batch.uih_lengths().sum()) + batch.num_candidates_total,
+            samples=batch.batch_size,
+        )
+        record = summarize_step(step, gather_step(local, self.device))
+        self.summary.add(record)
+        return record
+
+    def _progress(self, step: int, record: dict[str, Any], start: float) -> None:
+        if self.rank != 0 or not self.cfg.progress:
+            return
+        every = max(1, self.cfg.steps // 20)
+        if (step + 1) % every and step + 1 != self.cfg.steps:
+            return
+        ne = record.get("eval_ne", record["ne"])
+        print(
+            f"[{self.cfg.mode}] step {step + 1}/{self.cfg.steps}  {record['step_ms']:.0f} ms"
+            f"  qps {record['qps']:.0f}  straggler {record['straggler_pct']:.1f}%  "
+            f"ne {ne:.3f}  ({time.perf_counter() - start:.0f} s)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def _profiler(self) -> Any:
+        if not self.cfg.trace_path:
+            return None
+        first, last = trace_window(self.cfg.trace_steps or "2-3")
+        path = self.cfg.trace_path.replace("{rank}", str(self.rank))
+
+        def save(prof: Any) -> None:
+            prof.export_chrome_trace(
+                path
+                if "{rank}" in self.cfg.trace_path or self.rank == 0
+                else f"{path}.rank{self.rank}"
+            )
+
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if self.device.type == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        prof = torch.profiler.profile(
+            activities=activities,
+            schedule=torch.profiler.schedule(
+                wait=first, warmup=0, active=last - first + 1, repeat=1
+            ),
+            on_trace_ready=save,
+        )
+        prof.start()
+        return prof
+
+
+def run_rank(cfg: TrainConfig) -> dict[str, Any] | None:
+    """Train on this rank (process group initialized); rank 0 returns the summary."""
+    return Trainer(cfg).run()
