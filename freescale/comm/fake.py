@@ -89,7 +89,7 @@ def _result(slots: list[_Posted], rank: int, seq: int) -> Tensor:
     if slots[0].kind == "all_gather":
         if len({s.x.shape[0] for s in slots}) != 1:
             raise RuntimeError(f"collective #{seq}: all_gather needs equal shapes on all ranks")
-        return torch.cat([s.x for s in slots])
+        return torch.cat([s.x.to(slots[rank].x.device) for s in slots])
     pieces = []
     for src, s in enumerate(slots):
         if s.send[rank] != slots[rank].recv[src]:
@@ -98,7 +98,7 @@ def _result(slots: list[_Posted], rank: int, seq: int) -> Tensor:
                 f" which expects {slots[rank].recv[src]}"
             )
         start = sum(s.send[:rank])
-        pieces.append(s.x[start : start + s.send[rank]])
+        pieces.append(s.x[start : start + s.send[rank]].to(slots[rank].x.device))
     return torch.cat(pieces)
 
 
@@ -154,21 +154,27 @@ def run_threads(
     fn: Callable[..., Any],
     world_size: int,
     *args: Any,
-    device: torch.device | str = "cpu",
+    device: torch.device | str | Sequence[torch.device | str] = "cpu",
     timeout: float = 60.0,
 ) -> list[Any]:
     """Call ``fn(comm, *args)`` on ``world_size`` threads; return per-rank results.
 
+    ``device`` may be one device or one per rank. CUDA ranks need a device each:
+    autograd runs all backward work of one device on a single engine thread, so
+    two thread-ranks doing backward collectives on one GPU would deadlock.
     The first exception raised by any rank is re-raised here (after the other
     ranks were released by aborting the world).
     """
+    devices = [device] * world_size if isinstance(device, str | torch.device) else list(device)
+    if len(devices) != world_size:
+        raise ValueError(f"need one device per rank, got {len(devices)} for {world_size}")
     world = FakeWorld(world_size, timeout=timeout)
     results: list[Any] = [None] * world_size
     errors: list[tuple[int, BaseException]] = []
 
     def body(rank: int) -> None:
         try:
-            results[rank] = fn(world.communicator(rank, device), *args)
+            results[rank] = fn(world.communicator(rank, devices[rank]), *args)
         except BaseException as exc:
             errors.append((rank, exc))
             world.abort(f"rank {rank} raised {type(exc).__name__}: {exc}")

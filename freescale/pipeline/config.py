@@ -43,6 +43,7 @@ class TrainConfig:
     heads: int = 2
     layers: int = 1
     attention: str = "auto"
+    amp: str = "none"  # none | bf16 (autocast of the dense model on CUDA)
     # optimization
     dense_lr: float = 3e-3
     emb_optimizer: str = "adagrad"
@@ -62,6 +63,7 @@ class TrainConfig:
         _choice("emb_optimizer", self.emb_optimizer, EMB_OPTIMIZERS)
         _choice("assignment", self.assignment, ("hashed", "block"))
         _choice("attention", self.attention, ("auto", "reference", "varlen"))
+        _choice("amp", self.amp, ("none", "bf16"))
         for name in (
             "nproc",
             "steps",
@@ -113,52 +115,19 @@ def trace_window(text: str) -> tuple[int, int]:
     return a, b
 
 
+# GPU runs (one process per GPU): the paper's long-UIH regime, bf16 autocast.
+_H200 = dict(
+    device="cuda", nproc=2, steps=60, warmup=10, batch_size=64, num_items=10_000_000,
+    length_median=4_500, length_sigma=0.55, length_cap=17_000, max_candidates=8,
+    max_content=4, dim=256, item_dim=256, heads=4, layers=4, emb_optimizer="adagrad",
+    eval_every=0, deterministic=False, amp="bf16",
+)  # fmt: skip
+
 PRESETS: dict[str, dict[str, Any]] = {
     # The README demo: 2 gloo ranks on the CPU, small model, long-tail data.
     "demo": {},
-    # GPU presets (one process per GPU): the paper's long-UIH regime.
-    "h200-8k": dict(
-        device="cuda",
-        nproc=2,
-        steps=60,
-        warmup=10,
-        batch_size=64,
-        num_items=10_000_000,
-        max_uih=8_000,
-        length_median=4_500,
-        length_sigma=0.55,
-        length_cap=17_000,
-        max_candidates=8,
-        max_content=4,
-        dim=256,
-        item_dim=256,
-        heads=4,
-        layers=4,
-        emb_optimizer="adagrad",
-        eval_every=0,
-        deterministic=False,
-    ),
-    "h200-21k": dict(
-        device="cuda",
-        nproc=2,
-        steps=60,
-        warmup=10,
-        batch_size=64,
-        num_items=10_000_000,
-        max_uih=21_000,
-        length_median=4_500,
-        length_sigma=0.55,
-        length_cap=17_000,
-        max_candidates=8,
-        max_content=4,
-        dim=256,
-        item_dim=256,
-        heads=4,
-        layers=4,
-        emb_optimizer="adagrad",
-        eval_every=0,
-        deterministic=False,
-    ),
+    "h200-8k": {**_H200, "max_uih": 8_000},
+    "h200-21k": {**_H200, "max_uih": 21_000},
 }
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -17,6 +18,29 @@ import torch
 from freescale.jagged.batch import SampleBatch
 
 _DONE = object()
+
+
+@dataclass(frozen=True)
+class BatchInfo:
+    """Host-side sizes of a batch, computed before the copy so that the
+    training step never reads them back from the device."""
+
+    max_uih: int
+    max_candidates: int
+    uih_tokens: int
+    candidates: int
+    positives: float
+
+    @classmethod
+    def of(cls, batch: SampleBatch) -> BatchInfo:
+        uih, cand = batch.uih_lengths(), batch.num_candidates()
+        return cls(
+            max_uih=int(uih.max()) if uih.numel() else 0,
+            max_candidates=int(cand.max()) if cand.numel() else 0,
+            uih_tokens=int(uih.sum()),
+            candidates=batch.num_candidates_total,
+            positives=float(batch.labels.sum()),
+        )
 
 
 class Prefetcher:
@@ -42,6 +66,7 @@ class Prefetcher:
         try:
             for step in steps:
                 batch = source.batch(step, rank, world, batch_size)
+                info = BatchInfo.of(batch)
                 event = None
                 if self.copy_stream is not None:
                     batch = batch.pin_memory()
@@ -49,22 +74,22 @@ class Prefetcher:
                         batch = batch.to(self.device, non_blocking=True)
                         event = torch.cuda.Event()
                         event.record(self.copy_stream)
-                self._queue.put((batch, event))
+                self._queue.put((batch, info, event))
         except BaseException as e:  # surfaced in get(), on the trainer's thread
             self._error = e
         finally:
             self._queue.put(_DONE)
 
-    def get(self) -> SampleBatch:
+    def get(self) -> tuple[SampleBatch, BatchInfo]:
         item = self._queue.get()
         if item is _DONE:
             self._queue.put(_DONE)
             if self._error is not None:
                 raise RuntimeError("data loading failed") from self._error
             raise StopIteration("no more batches")
-        batch, event = item
+        batch, info, event = item
         if event is not None:
             stream = torch.cuda.current_stream(self.device)
             stream.wait_event(event)
             batch.record_stream(stream)
-        return batch
+        return batch, info

@@ -118,6 +118,9 @@ class RunSummary:
             "ne_first_eval": self.evals[0]["ne"] if self.evals else None,
             "train_ne_last": self.steps[-1]["ne"] if self.steps else None,
             "step_ms": mean("step_ms"),
+            "compute_ms_mean": sum(sum(s["compute_ms"]) / len(s["compute_ms"]) for s in measured)
+            / len(measured),
+            "data_wait_ms": mean("data_wait_ms"),
             "qps": mean("qps"),
             "straggler_pct": mean("straggler_pct"),
             "exposed_comm_ms": {

@@ -22,7 +22,7 @@ from freescale.jagged.batch import SampleBatch
 from freescale.models.loss import bce_loss, bce_sum, normalized_entropy
 from freescale.models.sequence import SequenceModel
 from freescale.pipeline.config import TrainConfig, trace_window
-from freescale.pipeline.loader import Prefetcher
+from freescale.pipeline.loader import BatchInfo, Prefetcher
 from freescale.pipeline.metrics import JsonLines, RankStep, RunSummary, gather_step, summarize_step
 from freescale.pipeline.setup import (
     DenseSync,
@@ -52,27 +52,31 @@ class Trainer:
         self.embeddings.timer = self.timer.section
         self.dense = DenseSync(self.model, self.timer.mark)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.dense_lr)
+        self.autocast = torch.autocast(
+            self.device.type, dtype=torch.bfloat16, enabled=cfg.amp == "bf16"
+        )
         self.summary = RunSummary(cfg.warmup)
         self.writer = JsonLines(cfg.metrics_path if self.rank == 0 else "")
 
     # ---- stages ------------------------------------------------------------
-    def _count_work(self, batch: SampleBatch) -> Any:
+    def _count_work(self, info: BatchInfo) -> Any:
         """Issue the all-reduce of the step's global candidate count."""
-        count = torch.tensor([batch.num_candidates_total], dtype=torch.int64, device=self.device)
+        count = torch.tensor([info.candidates], dtype=torch.int64, device=self.device)
         return count, dist.all_reduce(count, async_op=True)
 
-    def _prefetch(self, batch: SampleBatch) -> Any:
+    def _prefetch(self, batch: SampleBatch, info: BatchInfo) -> Any:
         """sdd: start everything about ``batch`` that does not depend on parameters."""
         for path, ids in self.model.embedding_inputs(batch).items():
             self.model.get_submodule(path).prefetch(ids)
-        return self._count_work(batch)
+        return self._count_work(info)
 
-    def _train_step(self, batch: SampleBatch, count_work: Any) -> tuple[float, float]:
+    def _train_step(self, batch: SampleBatch, info: BatchInfo, count_work: Any) -> float:
         with self.timer.section("meta"):
-            count, work = count_work if count_work is not None else self._count_work(batch)
+            count, work = count_work if count_work is not None else self._count_work(info)
             work.wait()
             global_count = int(count.item())
-        logits = self.dense.ddp(batch)
+        with self.autocast:
+            logits = self.dense.ddp(batch, max_uih=info.max_uih, max_candidates=info.max_candidates)
         if self.cfg.mode == "sdd":
             self.embeddings.prefetch_ids()  # next batch's ids AllToAll overlaps backward
         loss = bce_loss(logits, batch.labels, global_count)
@@ -82,7 +86,7 @@ class Trainer:
             self.timer.add_interval("dense_allreduce", self.dense.last_ready, self.timer.mark())
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return bce_sum(logits.detach(), batch.labels), float(batch.labels.sum())
+        return bce_sum(logits.detach(), batch.labels)
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
@@ -118,19 +122,19 @@ class Trainer:
         t_data = time.perf_counter()
         nxt = loader.get()
         data_ms = (time.perf_counter() - t_data) * 1000
-        next_count = self._prefetch(nxt) if cfg.mode == "sdd" else None
+        next_count = self._prefetch(*nxt) if cfg.mode == "sdd" else None
         for step in range(cfg.steps):
             step_start = self.timer.mark()
             t0 = time.perf_counter()
-            batch, count_work = nxt, next_count
+            (batch, info), count_work = nxt, next_count
             if step + 1 < cfg.steps:
                 t_data = time.perf_counter()
                 nxt = loader.get()
                 data_ms += (time.perf_counter() - t_data) * 1000
-                next_count = self._prefetch(nxt) if cfg.mode == "sdd" else None
-            bce, positives = self._train_step(batch, count_work)
+                next_count = self._prefetch(*nxt) if cfg.mode == "sdd" else None
+            bce = self._train_step(batch, info, count_work)
             self.timer.add_interval("step", step_start, self.timer.mark())
-            record = self._metrics(step, batch, bce, positives, data_ms, t0)
+            record = self._metrics(step, info, bce, data_ms, t0)
             data_ms = 0.0
             if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
                 self.summary.evals.append({"step": step, **self.evaluate()})
@@ -153,7 +157,7 @@ class Trainer:
         return self.summary.final(extra)
 
     def _metrics(
-        self, step: int, batch: SampleBatch, bce: float, positives: float, data_ms: float, t0: float
+        self, step: int, info: BatchInfo, bce: float, data_ms: float, t0: float
     ) -> dict[str, Any]:
         sections = self.timer.read_ms()
         step_ms = sections.pop("step", (time.perf_counter() - t0) * 1000) + data_ms
@@ -164,10 +168,10 @@ class Trainer:
             data_ms=data_ms,
             exposed=exposed,
             bce_sum=bce,
-            positives=positives,
-            candidates=batch.num_candidates_total,
-            items=int(batch.uih_lengths().sum()) + batch.num_candidates_total,
-            samples=batch.batch_size,
+            positives=info.positives,
+            candidates=info.candidates,
+            items=info.uih_tokens + info.candidates,
+            samples=self.cfg.batch_size,
         )
         record = summarize_step(step, gather_step(local, self.device))
         self.summary.add(record)

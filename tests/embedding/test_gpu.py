@@ -1,6 +1,6 @@
 """GPU checks (run on the GPU machine; skipped without CUDA).
 
-Two simulated ranks on one GPU (fake backend): parity with the CPU reference
+Two simulated ranks on two GPUs (fake backend, one thread per rank): parity with the CPU reference
 and bit-identical repeats, which also checks that the duplicate sum and the
 scatters are deterministic on CUDA.
 """
@@ -18,10 +18,12 @@ pytestmark = [
 ]
 
 
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (one per thread-rank)")
 @pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adam"])
 def test_cuda_parity_and_determinism(optimizer):
     ref = reference(optimizer, 20)
-    runs = [run_threads(train_sharded, 2, optimizer, 20, {}, device="cuda")[0] for _ in range(2)]
+    devices = ["cuda:0", "cuda:1"]
+    runs = [run_threads(train_sharded, 2, optimizer, 20, {}, device=devices)[0] for _ in range(2)]
     for name, table in ref["tables"].items():
         got = runs[0]["tables"][name]
         assert max_rel_error(got["weight"], table["weight"]) <= 1e-6
