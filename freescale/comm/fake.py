@@ -174,7 +174,10 @@ def run_threads(
 
     def body(rank: int) -> None:
         try:
-            results[rank] = fn(world.communicator(rank, devices[rank]), *args)
+            device = torch.device(devices[rank])
+            if device.type == "cuda":  # like a real rank: kernels launch on its device
+                torch.cuda.set_device(device)
+            results[rank] = fn(world.communicator(rank, device), *args)
         except BaseException as exc:
             errors.append((rank, exc))
             world.abort(f"rank {rank} raised {type(exc).__name__}: {exc}")

@@ -1,8 +1,7 @@
 """Index helpers of the sharded lookup, in vectorized torch.
 
-Private twins of the kernels package's bucketize / ranged dispatch / combine
-ops: when those land, each helper body becomes one call. All are
-deterministic (stable sorts, duplicate-free scatters, sequential segment sums).
+Routing (dispatch/combine) uses `freescale.kernels`; these are the
+duplicate-row sums of the update and the input check. All are deterministic.
 """
 
 from __future__ import annotations
@@ -10,24 +9,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-
-def bucketize_by_owner(owner: Tensor, world_size: int) -> tuple[Tensor, Tensor]:
-    """Send order (stable: batch order within a destination) and per-rank counts."""
-    counts = torch.bincount(owner, minlength=world_size)
-    order = torch.sort(owner.to(torch.int32), stable=True).indices
-    return order, counts
-
-
 # Longest run one thread of ``segment_reduce`` adds sequentially; longer
 # segments (hot rows) are cut into chunks whose sums are added level by level.
 CHUNK = 32
-
-
-def unpermute(x_sorted: Tensor, order: Tensor) -> Tensor:
-    """Inverse of ``x_sorted = x[order]``: rows back to their original positions."""
-    out = torch.empty_like(x_sorted)
-    out.index_put_((order,), x_sorted)  # unique indices: deterministic
-    return out
 
 
 def segment_sum(x: Tensor, lengths: Tensor, chunk: int | None = CHUNK) -> Tensor:

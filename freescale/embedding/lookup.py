@@ -21,9 +21,9 @@ import torch
 from torch import Tensor
 
 from freescale.comm import Communicator, Work
-from freescale.embedding._ops import bucketize_by_owner, unpermute
 from freescale.embedding.preflight import Request
 from freescale.embedding.store import ShardStore
+from freescale.kernels import DispatchPlan, apply_dispatch, ranged_combine, ranged_dispatch
 
 # ``timer(section)`` returns a context manager wrapped around each phase:
 # ids_a2a, lookup, emb_a2a (forward); grad_a2a, update (backward).
@@ -40,7 +40,7 @@ class GroupCall:
 
     store: ShardStore
     requests: list[Request]
-    order: Tensor  # send position -> batch-major position
+    plan: DispatchPlan  # batch-major row j is sent from position plan.positions[j]
     send_slots: Tensor  # local slot on the owner, in send order
     send_counts: Tensor  # [W] ids per owner (device)
     send: list[int] = field(default_factory=list)
@@ -65,8 +65,8 @@ def route(store: ShardStore, requests: list[Request], world_size: int) -> GroupC
         owners.append(owner)
         slots.append(slot + store.starts[q.slot_table])
     owner, slot = torch.cat(owners), torch.cat(slots)
-    order, counts = bucketize_by_owner(owner, world_size)
-    return GroupCall(store, requests, order, slot.index_select(0, order), counts)
+    send_slots, plan = ranged_dispatch(slot, owner, world_size)
+    return GroupCall(store, requests, plan, send_slots, plan.counts)
 
 
 def _forward(call: GroupCall, comm: Communicator, timer: Timer) -> Tensor:
@@ -77,13 +77,13 @@ def _forward(call: GroupCall, comm: Communicator, timer: Timer) -> Tensor:
         rows = call.store.lookup(call.recv_slots)
     with timer("emb_a2a"):
         back = comm.all_to_all_v(rows, call.recv, call.send).wait()
-        return unpermute(back, call.order)
+        return ranged_combine(back, call.plan)
 
 
 def _backward(call: GroupCall, comm: Communicator, grad: Tensor, timer: Timer) -> None:
     assert call.recv_slots is not None
     with timer("grad_a2a"):
-        grad_sorted = grad.to(call.store.dtype).index_select(0, call.order)
+        grad_sorted = apply_dispatch(grad.to(call.store.dtype).contiguous(), call.plan)
         grad_shard = comm.all_to_all_v(grad_sorted, call.send, call.recv).wait()
     with timer("update"):
         call.store.apply_gradients(call.recv_slots, grad_shard, call.table_indices)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 MODES = ("sync", "sdd")
+BALANCE = ("none", "fbs", "vbs", "cost")
 DEVICES = ("auto", "cpu", "cuda")
 EMB_OPTIMIZERS = ("sgd", "adagrad", "adam")
 
@@ -20,6 +21,7 @@ EMB_OPTIMIZERS = ("sgd", "adagrad", "adam")
 class TrainConfig:
     # run
     mode: str = "sync"
+    balance: str = "none"  # none | fbs | vbs | cost (sequence load balancing)
     nproc: int = 2
     device: str = "cpu"
     steps: int = 150
@@ -59,6 +61,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         _choice("mode", self.mode, MODES)
+        _choice("balance", self.balance, BALANCE)
         _choice("device", self.device, DEVICES)
         _choice("emb_optimizer", self.emb_optimizer, EMB_OPTIMIZERS)
         _choice("assignment", self.assignment, ("hashed", "block"))

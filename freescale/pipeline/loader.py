@@ -30,9 +30,12 @@ class BatchInfo:
     uih_tokens: int
     candidates: int
     positives: float
+    samples: int
+    global_candidates: int | None = None  # known without a collective after balancing
+    lengths: Any = None  # the balancer's stage-I input (`WorldLengths`), when balancing
 
     @classmethod
-    def of(cls, batch: SampleBatch) -> BatchInfo:
+    def of(cls, batch: SampleBatch, with_lengths: Any = None) -> BatchInfo:
         uih, cand = batch.uih_lengths(), batch.num_candidates()
         return cls(
             max_uih=int(uih.max()) if uih.numel() else 0,
@@ -40,6 +43,8 @@ class BatchInfo:
             uih_tokens=int(uih.sum()),
             candidates=batch.num_candidates_total,
             positives=float(batch.labels.sum()),
+            samples=batch.batch_size,
+            lengths=None if with_lengths is None else with_lengths(batch),
         )
 
 
@@ -53,7 +58,9 @@ class Prefetcher:
         device: torch.device,
         steps: range,
         depth: int = 2,
+        host_lengths: Any = None,
     ) -> None:
+        self.host_lengths = host_lengths
         self.device = device
         self.copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
@@ -66,7 +73,7 @@ class Prefetcher:
         try:
             for step in steps:
                 batch = source.batch(step, rank, world, batch_size)
-                info = BatchInfo.of(batch)
+                info = BatchInfo.of(batch, self.host_lengths)
                 event = None
                 if self.copy_stream is not None:
                     batch = batch.pin_memory()

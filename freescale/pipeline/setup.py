@@ -112,7 +112,7 @@ class DenseSync:
 
     def __init__(self, model: nn.Module, mark) -> None:
         self.mark = mark
-        self.last_ready: object = None
+        self.last_ready: tuple[int, object] | None = None
         # The sharded tables live outside the module tree, so DDP sees only
         # dense parameters (and the model has no buffers to broadcast).
         self.ddp = DistributedDataParallel(model)

@@ -33,8 +33,11 @@ class SectionTimer:
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
         self._open: list[tuple[str, object, object]] = []
+        self.seq = 0  # marks are taken in stream order; a larger seq is later
+        self.last_end: tuple[int, object] | None = None  # end of the latest section
 
     def _now(self) -> object:
+        self.seq += 1
         if self.cuda:
             event = torch.cuda.Event(enable_timing=True)
             event.record()
@@ -47,7 +50,9 @@ class SectionTimer:
         try:
             yield
         finally:
-            self._open.append((name, start, self._now()))
+            end = self._now()
+            self.last_end = (self.seq, end)
+            self._open.append((name, start, end))
 
     def add_interval(self, name: str, start: object, end: object) -> None:
         """A section whose two ends were taken with `mark` (e.g. across hooks)."""
@@ -55,6 +60,10 @@ class SectionTimer:
 
     def mark(self) -> object:
         return self._now()
+
+    def seq_mark(self) -> tuple[int, object]:
+        mark = self._now()
+        return self.seq, mark
 
     def read_ms(self) -> dict[str, float]:
         """Total milliseconds per section name; synchronizes CUDA events."""

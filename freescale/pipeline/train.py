@@ -21,6 +21,7 @@ from freescale.embedding import swap
 from freescale.jagged.batch import SampleBatch
 from freescale.models.loss import bce_loss, bce_sum, normalized_entropy
 from freescale.models.sequence import SequenceModel
+from freescale.pipeline.balancing import BalanceStage, Feed, host_lengths
 from freescale.pipeline.config import TrainConfig, trace_window
 from freescale.pipeline.loader import BatchInfo, Prefetcher
 from freescale.pipeline.metrics import JsonLines, RankStep, RunSummary, gather_step, summarize_step
@@ -50,11 +51,14 @@ class Trainer:
         self.comm = TorchCommunicator(device=self.device)
         self.embeddings = swap(self.model, sharding_plan(cfg), self.comm, self.device)
         self.embeddings.timer = self.timer.section
-        self.dense = DenseSync(self.model, self.timer.mark)
+        self.dense = DenseSync(self.model, self.timer.seq_mark)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.dense_lr)
         self.autocast = torch.autocast(
             self.device.type, dtype=torch.bfloat16, enabled=cfg.amp == "bf16"
         )
+        self.balance = None
+        if cfg.balance != "none":
+            self.balance = BalanceStage(cfg.balance, self.comm, cfg.batch_size, self.timer.section)
         self.summary = RunSummary(cfg.warmup)
         self.writer = JsonLines(cfg.metrics_path if self.rank == 0 else "")
 
@@ -64,28 +68,44 @@ class Trainer:
         count = torch.tensor([info.candidates], dtype=torch.int64, device=self.device)
         return count, dist.all_reduce(count, async_op=True)
 
-    def _prefetch(self, batch: SampleBatch, info: BatchInfo) -> Any:
+    def _prefetch(self, batch: SampleBatch, info: BatchInfo, *_: Any) -> Any:
         """sdd: start everything about ``batch`` that does not depend on parameters."""
         for path, ids in self.model.embedding_inputs(batch).items():
             self.model.get_submodule(path).prefetch(ids)
-        return self._count_work(info)
+        return None if info.global_candidates is not None else self._count_work(info)
 
-    def _train_step(self, batch: SampleBatch, info: BatchInfo, count_work: Any) -> float:
+    def _global_count(self, info: BatchInfo, count_work: Any) -> int:
+        if info.global_candidates is not None:  # the balancer gathered it already
+            return info.global_candidates
         with self.timer.section("meta"):
             count, work = count_work if count_work is not None else self._count_work(info)
             work.wait()
-            global_count = int(count.item())
+            return int(count.item())
+
+    def _train_step(self, batch: SampleBatch, info: BatchInfo, count_work: Any) -> float:
+        global_count = self._global_count(info, count_work)
         with self.autocast:
             logits = self.dense.ddp(batch, max_uih=info.max_uih, max_candidates=info.max_candidates)
         if self.cfg.mode == "sdd":
             self.embeddings.prefetch_ids()  # next batch's ids AllToAll overlaps backward
+        if self.balance is not None:
+            self.balance.stage2()
         loss = bce_loss(logits, batch.labels, global_count)
         self.dense.last_ready = None
         loss.backward()  # fused sparse update + overlapped dense all-reduce
         if self.dense.last_ready is not None:
-            self.timer.add_interval("dense_allreduce", self.dense.last_ready, self.timer.mark())
+            # Exposed dense all-reduce: from the later of "last bucket ready" and
+            # "embedding backward done" (its own sections) to the end of backward.
+            start = max(
+                self.dense.last_ready, self.timer.last_end or (0, None), key=lambda m: m[0]
+            )[1]
+            self.timer.add_interval("dense_allreduce", start, self.timer.mark())
+        if self.balance is not None:
+            self.balance.stage3()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.balance is not None:
+            self.balance.collect()
         return bce_sum(logits.detach(), batch.labels)
 
     @torch.no_grad()
@@ -115,27 +135,32 @@ class Trainer:
     def run(self) -> dict[str, Any] | None:
         cfg = self.cfg
         loader = Prefetcher(
-            self.source, self.rank, self.world, cfg.batch_size, self.device, range(cfg.steps)
+            self.source,
+            self.rank,
+            self.world,
+            cfg.batch_size,
+            self.device,
+            range(cfg.steps),
+            host_lengths=host_lengths if self.balance is not None else None,
         )
         profiler = self._profiler()
         start = time.perf_counter()
-        t_data = time.perf_counter()
-        nxt = loader.get()
-        data_ms = (time.perf_counter() - t_data) * 1000
+        feed = Feed(loader, self.balance, cfg.steps)
+        nxt = feed.take()
         next_count = self._prefetch(*nxt) if cfg.mode == "sdd" else None
         for step in range(cfg.steps):
             step_start = self.timer.mark()
             t0 = time.perf_counter()
-            (batch, info), count_work = nxt, next_count
+            (batch, info, handle), count_work = nxt, next_count
+            feed.start_future(step)  # balancer stage I for step + 2
             if step + 1 < cfg.steps:
-                t_data = time.perf_counter()
-                nxt = loader.get()
-                data_ms += (time.perf_counter() - t_data) * 1000
+                nxt = feed.take()
                 next_count = self._prefetch(*nxt) if cfg.mode == "sdd" else None
             bce = self._train_step(batch, info, count_work)
             self.timer.add_interval("step", step_start, self.timer.mark())
-            record = self._metrics(step, info, bce, data_ms, t0)
-            data_ms = 0.0
+            record = self._metrics(step, batch, info, bce, feed.pop_data_ms(), t0)
+            if handle is not None:
+                self.balance.observe(record["compute_ms"], handle)
             if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
                 self.summary.evals.append({"step": step, **self.evaluate()})
                 record["eval_ne"] = self.summary.evals[-1]["ne"]
@@ -157,10 +182,16 @@ class Trainer:
         return self.summary.final(extra)
 
     def _metrics(
-        self, step: int, info: BatchInfo, bce: float, data_ms: float, t0: float
+        self,
+        step: int,
+        batch: SampleBatch,
+        info: BatchInfo,
+        bce: float,
+        data_ms: float,
+        t0: float,
     ) -> dict[str, Any]:
         sections = self.timer.read_ms()
-        step_ms = sections.pop("step", (time.perf_counter() - t0) * 1000) + data_ms
+        step_ms = sections.pop("step", (time.perf_counter() - t0) * 1000)  # includes data_ms
         exposed = exposed_by_category(sections)
         local = RankStep(
             step_ms=step_ms,
@@ -168,10 +199,12 @@ class Trainer:
             data_ms=data_ms,
             exposed=exposed,
             bce_sum=bce,
-            positives=info.positives,
+            positives=info.positives
+            if info.positives == info.positives  # not NaN
+            else float(batch.labels.sum()),
             candidates=info.candidates,
             items=info.uih_tokens + info.candidates,
-            samples=self.cfg.batch_size,
+            samples=info.samples,
         )
         record = summarize_step(step, gather_step(local, self.device))
         self.summary.add(record)

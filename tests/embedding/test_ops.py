@@ -5,23 +5,10 @@ from hypothesis import strategies as st
 
 from freescale.embedding._ops import (
     CHUNK,
-    bucketize_by_owner,
     first_bad,
     segment_sum,
     sum_duplicates,
-    unpermute,
 )
-
-
-@given(st.lists(st.integers(0, 4), max_size=40), st.integers(5, 7))
-def test_bucketize_groups_by_owner_stably(owners, world_size):
-    owner = torch.tensor(owners, dtype=torch.int64)
-    order, counts = bucketize_by_owner(owner, world_size)
-    assert counts.tolist() == [owners.count(r) for r in range(world_size)]
-    expected = sorted(range(len(owners)), key=lambda i: (owners[i], i))
-    assert order.tolist() == expected
-    x = torch.arange(len(owners)).float()
-    assert torch.equal(unpermute(x[order], order), x)
 
 
 @given(st.lists(st.integers(0, 6), max_size=30))

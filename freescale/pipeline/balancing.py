@@ -1,0 +1,149 @@
+"""The load balancer as pipeline stages, working two steps ahead.
+
+Step s trains on balanced batch s while the raw batch of step s+2 goes
+through the balancer's stages at the pipeline's hook points: stage I (gather
+lengths, host group) at the start of the step, stage II after forward,
+stage III (the sample AllToAll) issued after backward and collected at the
+end of the step. Two steps ahead, because ``sdd`` must know balanced batch
+s+1 when step s starts (to prefetch its ids).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from freescale.balance import BalanceHandle, BalancerConfig, LoadBalancer, WorldLengths
+from freescale.comm import TorchCommunicator
+from freescale.jagged.batch import SampleBatch
+from freescale.pipeline.loader import BatchInfo
+
+LOOKAHEAD = 2
+
+
+class BalanceStage:
+    def __init__(
+        self, partitioner: str, comm: TorchCommunicator, batch_size: int, timer: Any
+    ) -> None:
+        # Lengths live on the host: stages I-II go over a gloo group even when
+        # the samples themselves move over NCCL.
+        meta = comm
+        if comm.device.type == "cuda":
+            meta = TorchCommunicator(group=dist.new_group(backend="gloo"), device="cpu")
+        self.balancer = LoadBalancer(
+            comm, BalancerConfig(partitioner=partitioner, capacity=batch_size), meta
+        )
+        self.rank = comm.rank
+        self.timer = timer
+        self.in_flight: BalanceHandle | None = None
+        self.ready: deque[tuple[SampleBatch, BatchInfo, BalanceHandle]] = deque()
+
+    # ---- hook points ---------------------------------------------------------
+    def stage1(self, batch: SampleBatch, info: BatchInfo) -> None:
+        """Start of step: gather the lengths of a raw future batch."""
+        assert self.in_flight is None, "one balancing step in flight at a time"
+        with self.timer("balancer"):
+            self.in_flight = self.balancer.start_stage1(batch, lengths=info.lengths)
+
+    def stage2(self) -> None:
+        """After forward: gather the candidate content lengths."""
+        if self.in_flight is not None:
+            with self.timer("balancer"):
+                self.balancer.stage2(self.in_flight)
+
+    def stage3(self) -> None:
+        """After backward: partition and issue the sample AllToAll."""
+        if self.in_flight is not None:
+            with self.timer("balancer"):
+                self.balancer.start_stage3(self.in_flight)
+
+    def collect(self) -> None:
+        """End of step: the balanced batch joins the queue."""
+        h, self.in_flight = self.in_flight, None
+        if h is None:
+            return
+        with self.timer("balancer"):
+            batch = self.balancer.finish(h, stream=_current_stream(h))
+        self.ready.append((batch, self._info(h), h))
+
+    def balance_now(self, batch: SampleBatch, info: BatchInfo) -> None:
+        """All stages back to back (to fill the pipeline before step 0)."""
+        self.stage1(batch, info)
+        self.stage2()
+        self.stage3()
+        self.collect()
+
+    def pop(self) -> tuple[SampleBatch, BatchInfo, BalanceHandle]:
+        return self.ready.popleft()
+
+    def observe(self, compute_ms: list[float], handle: BalanceHandle) -> None:
+        """Feed measured per-rank compute times back (AutoTune, cost model)."""
+        # Timer noise can push a tiny compute time below zero; the models need >= 0.
+        self.balancer.observe([max(t, 0.0) for t in compute_ms], handle.rank_features())
+
+    def _info(self, h: BalanceHandle) -> BatchInfo:
+        """Host sizes of this rank's balanced batch, from the gathered lengths."""
+        assert h.world is not None and h.plan is not None
+        mine = h.plan.samples_of(self.rank)
+        uih = h.world.uih_lengths[mine]
+        ncand = h.world.num_candidates[mine]
+        return BatchInfo(
+            max_uih=int(uih.max()) if uih.numel() else 0,
+            max_candidates=int(ncand.max()) if ncand.numel() else 0,
+            uih_tokens=int(uih.sum()),
+            candidates=int(ncand.sum()),
+            positives=float("nan"),  # labels moved with the samples: read at metrics time
+            global_candidates=h.total_candidates,
+            samples=int(mine.numel()),
+        )
+
+
+def _current_stream(h: BalanceHandle) -> Any:
+    batch = h.batch
+    if batch is not None and batch.device.type == "cuda":
+        return torch.cuda.current_stream(batch.device)
+    return None
+
+
+def host_lengths(batch: SampleBatch) -> WorldLengths:
+    """This rank's stage-I input, computed in the loader thread on the host."""
+    return WorldLengths.from_batches([batch])
+
+
+class Feed:
+    """The trainer's batches: straight from the loader, or through the balancer.
+
+    Keeps the time spent waiting on the loader (``data_ms``) for the metrics.
+    """
+
+    def __init__(self, loader: Any, balance: BalanceStage | None, steps: int) -> None:
+        self.loader, self.balance, self.steps = loader, balance, steps
+        self.data_ms = 0.0
+        if balance is not None:
+            for _ in range(min(LOOKAHEAD, steps)):
+                balance.balance_now(*self._load())
+
+    def _load(self) -> tuple[SampleBatch, BatchInfo]:
+        t = time.perf_counter()
+        out = self.loader.get()
+        self.data_ms += (time.perf_counter() - t) * 1000
+        return out
+
+    def take(self) -> tuple[SampleBatch, BatchInfo, BalanceHandle | None]:
+        """The next batch to train on."""
+        if self.balance is None:
+            return (*self._load(), None)
+        return self.balance.pop()
+
+    def start_future(self, step: int) -> None:
+        """Stage I for the raw batch of step ``step + LOOKAHEAD`` (if any)."""
+        if self.balance is not None and step + LOOKAHEAD < self.steps:
+            self.balance.stage1(*self._load())
+
+    def pop_data_ms(self) -> float:
+        ms, self.data_ms = self.data_ms, 0.0
+        return ms

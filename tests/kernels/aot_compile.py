@@ -1,0 +1,124 @@
+"""Compile every Triton kernel variant for a GPU architecture, without a GPU.
+
+The CPU interpreter checks what kernels compute but not that they lower to
+PTX/cubin; this does (Triton's bundled ptxas, no driver needed). Run it in a
+process where TRITON_INTERPRET is unset:
+
+    python tests/kernels/aot_compile.py [--arch 90]
+
+Prints one line per variant and exits non-zero if any fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import sys
+import time
+from collections.abc import Iterator
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+import freescale.kernels.triton_bucketize as bucketize
+import freescale.kernels.triton_collision as collision
+import freescale.kernels.triton_common as common
+import freescale.kernels.triton_dispatch as dispatch
+import freescale.kernels.triton_permute as permute
+import freescale.kernels.triton_rows as rows
+
+Variant = tuple[str, object, dict, dict[str, object]]
+
+
+def signature(kernel, ptrs: dict, ints: str, consts: dict[str, object]) -> dict:
+    """Types of every parameter: pointers (or tuples of them) from ``ptrs``, other
+    runtime args ``ints``."""
+    sig = {}
+    for p in kernel.params:
+        sig[p.name] = "constexpr" if p.is_constexpr else ptrs.get(p.name, ints)
+    missing = [n for n, t in sig.items() if t == "constexpr" and n not in consts]
+    if missing:
+        raise ValueError(f"{kernel.fn.__name__}: no value for constexprs {missing}")
+    return sig
+
+
+def variants(quick: bool = False) -> Iterator[Variant]:
+    """Every constexpr branch the launchers use (``quick``: one of each kernel body)."""
+    i64 = "*i64"
+    shapes = (
+        ((1, "*i64"), (64, "*i64"))
+        if quick
+        else ((1, "*i64"), (64, "*i64"), (1, "*i16"), (3, "*i32"))
+    )
+    for kernel, (words, wtype), feats, mode in itertools.product(
+        (permute._permute_rows_kernel, permute._permute_segments_kernel),
+        shapes,
+        (3,) if quick else (1, 3),
+        (permute.MODE_INDEXED, permute.MODE_TRANSPOSE),
+    ):
+        block_r, block_w = common.tile(words)
+        ptrs = {"src_offsets": i64, "dst_offsets": i64, "indices": i64}
+        ptrs |= {"srcs": (wtype,) * feats, "dsts": (wtype,) * feats}
+        consts = {"MODE": mode, "BLOCK_R": block_r, "BLOCK_W": block_w}
+        yield f"permute W={words} {wtype} feats={feats} mode={mode}", kernel, ptrs, consts
+    for words, gather in itertools.product((64,) if quick else (1, 16, 64), (True, False)):
+        block_r, block_w = common.tile(words)
+        ptrs = {"src": i64, "dst": i64, "index": i64}
+        consts = {"GATHER": gather, "BLOCK_R": block_r, "BLOCK_W": block_w}
+        yield f"rows W={words} gather={gather}", rows._move_rows_kernel, ptrs, consts
+    for mode, world in itertools.product((0, 1, 2), (512,) if quick else (8, 512, 16384)):
+        block = dispatch.block_size(world)
+        sub = max(1, min(block, dispatch.TILE // block))
+        src = "*i32" if mode == 0 else i64
+        consts = {"MODE": mode, "BLOCK": block, "SUB": sub}
+        ptrs = {"src": src, "hist": "*i32"}
+        yield f"dispatch.count mode={mode} BLOCK={block}", dispatch._count_kernel, ptrs, consts
+        for copy, local in ((True, mode > 0), (False, False)):
+            ptrs = {"src": src, "values": i64, "base": i64, "positions": i64, "send": i64}
+            c = consts | {"COPY": copy, "LOCAL": local}
+            yield (
+                f"dispatch.place mode={mode} BLOCK={block} copy={copy}",
+                dispatch._place_kernel,
+                ptrs,
+                c,
+            )
+    for dtype, hashed in itertools.product(("*i32", i64), (True, False)):
+        ptrs = {"ids": dtype, "owner": i64, "local": dtype}
+        consts = {"HASHED": hashed, "BLOCK": bucketize.BLOCK}
+        yield f"bucketize {dtype} hashed={hashed}", bucketize._bucketize_kernel, ptrs, consts
+    for dtype in ("*i32", i64):
+        ptrs = {"now": dtype, "nxt": dtype, "now_to_next": i64, "next_to_now": i64}
+        consts = {"BLOCK": collision.BLOCK}
+        yield f"collision {dtype}", collision._collision_kernel, ptrs, consts
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", type=int, default=90, help="CUDA compute capability, e.g. 90")
+    parser.add_argument("--ints", default="i32,i64", help="integer widths of runtime scalars")
+    parser.add_argument("--quick", action="store_true", help="one variant per kernel body")
+    args = parser.parse_args()
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        print("unset TRITON_INTERPRET: interpreted kernels cannot be compiled", file=sys.stderr)
+        return 2
+    target = GPUTarget("cuda", args.arch, 32)
+    failures = 0
+    cases = itertools.product(variants(args.quick), args.ints.split(","))
+    for (name, kernel, ptrs, consts), ints in cases:
+        start = time.perf_counter()
+        try:
+            src = ASTSource(kernel, signature(kernel, ptrs, ints, consts), constexprs=consts)
+            compiled = triton.compile(src, target=target)
+            status = f"ok ({len(compiled.asm['cubin'])} B cubin)"
+        except Exception as exc:  # report every failing variant, not just the first
+            failures += 1
+            status = f"FAILED: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+        print(f"sm_{args.arch} {name} ints={ints}: {status} {time.perf_counter() - start:.1f}s")
+    print(f"{failures} failures")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
