@@ -25,6 +25,7 @@ from freescale.embedding._ops import sum_duplicates
 from freescale.embedding.config import TableConfig
 from freescale.embedding.optim import OptimizerConfig, Scalar, apply_rows, make_state
 from freescale.embedding.sharding import RowSharding
+from freescale.kernels import gather_rows
 
 _KIND_CODE = {"block": 0, "hashed": 1}
 
@@ -87,7 +88,7 @@ class ShardStore(nn.Module):
 
     # ---- training ------------------------------------------------------------
     def lookup(self, slots: Tensor) -> Tensor:
-        return self.weight.index_select(0, slots)
+        return gather_rows(self.weight, slots)
 
     def apply_gradients(self, slots: Tensor, grads: Tensor, tables: Sequence[int]) -> None:
         """One optimizer step of ``tables`` with shard-major gradients of ``slots``."""

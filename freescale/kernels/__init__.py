@@ -7,7 +7,7 @@ does not import Triton.
 
 from freescale.kernels.backend import IMPL_ENV, choose_impl
 from freescale.kernels.collision import CollisionSplit, collision_split
-from freescale.kernels.combine import ranged_combine
+from freescale.kernels.combine import gather_rows, ranged_combine
 from freescale.kernels.dispatch import (
     DispatchPlan,
     apply_dispatch,
@@ -27,6 +27,7 @@ __all__ = [
     "bucketize_by_shard",
     "choose_impl",
     "collision_split",
+    "gather_rows",
     "indexed_permute",
     "keyed_transpose",
     "ranged_combine",

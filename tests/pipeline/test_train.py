@@ -119,8 +119,16 @@ def test_train_cli_prints_a_json_summary(tmp_path):
         f"metrics_path={metrics}",
         "--set",
         "progress=false",
+        "--set",
+        f"trace_path={tmp_path / 'trace.json'}",
+        "--set",
+        "trace_steps=2-3",
     )
     assert proc.returncode == 0, proc.stderr
+    trace = json.loads((tmp_path / "trace.json").read_text())
+    names = {e.get("name", "") for e in trace["traceEvents"]}
+    assert any("ProfilerStep#2" in n for n in names), sorted(names)[:20]
+    assert (tmp_path / "trace.json.rank1").exists()
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["steps"] == 6 and summary["world_size"] == 2
     assert set(summary["exposed_comm_ms"]) >= {"ids_a2a", "emb_a2a", "grad_a2a", "dense_allreduce"}
