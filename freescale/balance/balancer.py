@@ -198,6 +198,18 @@ class LoadBalancer:
         assert h._work is not None
         return h._work.wait().cpu().view(self.world_size, _HEADER + 2 * h.capacity)
 
+    def gather(self, batch: SampleBatch, lengths: WorldLengths | None = None) -> BalanceHandle:
+        """Stages I and II back to back, waiting for both (host only, blocking).
+
+        Meant for a helper thread: it uses only ``meta_comm``, so with a
+        ``meta_comm`` group of its own it runs concurrently with the training
+        collectives; `start_stage3` then finds the lengths already there.
+        """
+        h = self.stage2(self.start_stage1(batch, lengths))
+        if h._work is not None:
+            h._work.wait()
+        return h
+
     # ---- stage III -----------------------------------------------------------
     def start_stage3(self, h: BalanceHandle) -> BalanceHandle:
         """Wait for stage II, partition, and issue the AllToAlls of the samples."""

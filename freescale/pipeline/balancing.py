@@ -1,10 +1,10 @@
 """The load balancer as pipeline stages, working two steps ahead.
 
 Step s trains on balanced batch s while the raw batch of step s+2 goes
-through the balancer's stages at the pipeline's hook points: stage I (gather
-lengths, host group) at the start of the step, stage II after forward,
-stage III (the sample AllToAll) issued after backward and collected at the
-end of the step. Two steps ahead, because ``sdd`` must know balanced batch
+through the balancer: stages I-II (gather lengths and candidate sizes over a
+gloo group) run on a helper thread from the start of the step, stage III
+(partition + the sample AllToAll) is issued after backward and collected at
+the end of the step. Two steps ahead, because ``sdd`` must know balanced batch
 s+1 when step s starts (to prefetch its ids).
 """
 
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
 from freescale.balance import BalanceHandle, BalancerConfig, LoadBalancer, WorldLengths
@@ -29,37 +29,34 @@ class BalanceStage:
     def __init__(
         self, partitioner: str, comm: TorchCommunicator, batch_size: int, timer: Any
     ) -> None:
-        # Lengths live on the host: stages I-II go over a gloo group even when
-        # the samples themselves move over NCCL.
-        meta = comm
-        if comm.device.type == "cuda":
-            meta = TorchCommunicator(group=dist.new_group(backend="gloo"), device="cpu")
+        # Stages I-II gather host-side lengths on a gloo group of their own, on
+        # a helper thread: they never block the trainer's thread and never
+        # interleave with the training collectives of the default group.
+        meta = TorchCommunicator(group=dist.new_group(backend="gloo"), device="cpu")
         self.balancer = LoadBalancer(
             comm, BalancerConfig(partitioner=partitioner, capacity=batch_size), meta
         )
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="balancer")
         self.rank = comm.rank
         self.timer = timer
+        self.gathering: Future[BalanceHandle] | None = None
         self.in_flight: BalanceHandle | None = None
         self.ready: deque[tuple[SampleBatch, BatchInfo, BalanceHandle]] = deque()
 
     # ---- hook points ---------------------------------------------------------
     def stage1(self, batch: SampleBatch, info: BatchInfo) -> None:
-        """Start of step: gather the lengths of a raw future batch."""
-        assert self.in_flight is None, "one balancing step in flight at a time"
-        with self.timer("balancer"):
-            self.in_flight = self.balancer.start_stage1(batch, lengths=info.lengths)
-
-    def stage2(self) -> None:
-        """After forward: gather the candidate content lengths."""
-        if self.in_flight is not None:
-            with self.timer("balancer"):
-                self.balancer.stage2(self.in_flight)
+        """Start of step: stages I-II for a raw future batch, on the helper thread."""
+        assert self.gathering is None and self.in_flight is None, "one step in flight"
+        self.gathering = self.pool.submit(self.balancer.gather, batch, info.lengths)
 
     def stage3(self) -> None:
         """After backward: partition and issue the sample AllToAll."""
-        if self.in_flight is not None:
-            with self.timer("balancer"):
-                self.balancer.start_stage3(self.in_flight)
+        if self.gathering is None:
+            return
+        with self.timer("balancer"):  # only what the helper thread has not hidden
+            handle = self.gathering.result()
+            self.gathering = None
+            self.in_flight = self.balancer.start_stage3(handle)
 
     def collect(self) -> None:
         """End of step: the balanced batch joins the queue."""
@@ -67,13 +64,12 @@ class BalanceStage:
         if h is None:
             return
         with self.timer("balancer"):
-            batch = self.balancer.finish(h, stream=_current_stream(h))
+            batch = self.balancer.finish(h)  # orders the current stream after it
         self.ready.append((batch, self._info(h), h))
 
     def balance_now(self, batch: SampleBatch, info: BatchInfo) -> None:
         """All stages back to back (to fill the pipeline before step 0)."""
         self.stage1(batch, info)
-        self.stage2()
         self.stage3()
         self.collect()
 
@@ -100,13 +96,6 @@ class BalanceStage:
             global_candidates=h.total_candidates,
             samples=int(mine.numel()),
         )
-
-
-def _current_stream(h: BalanceHandle) -> Any:
-    batch = h.batch
-    if batch is not None and batch.device.type == "cuda":
-        return torch.cuda.current_stream(batch.device)
-    return None
 
 
 def host_lengths(batch: SampleBatch) -> WorldLengths:

@@ -88,8 +88,6 @@ class Trainer:
             logits = self.dense.ddp(batch, max_uih=info.max_uih, max_candidates=info.max_candidates)
         if self.cfg.mode == "sdd":
             self.embeddings.prefetch_ids()  # next batch's ids AllToAll overlaps backward
-        if self.balance is not None:
-            self.balance.stage2()
         loss = bce_loss(logits, batch.labels, global_count)
         self.dense.last_ready = None
         loss.backward()  # fused sparse update + overlapped dense all-reduce
