@@ -1,10 +1,9 @@
 """Stage III data movement: ship whole samples by a `Routing`, rebuild the batch.
 
-This is the one place that touches sample data, kept small so that the
-vectorized `SampleBatch` methods used here (``select`` to group by
-destination and to reorder on arrival) can be swapped for the
-`freescale.kernels` ranged dispatch / combine later without touching the
-balancer.
+This is the one place that touches sample data. Grouping by destination and
+reordering on arrival are permutations of whole samples, done with the
+`freescale.kernels` indexed permute (Triton on GPU) with sizes known on the
+host, so nothing is read back from the device.
 
 Only *values* travel, one ``all_to_all_v`` per tensor (UIH features,
 candidate features, labels, content features, sample ids, dense): offsets are
@@ -23,7 +22,8 @@ from torch import Tensor
 from freescale.balance.routing import Routing
 from freescale.comm import Communicator, CompletedWork, Work
 from freescale.jagged import JaggedFeatures, SampleBatch
-from freescale.jagged.ops import lengths_to_offsets
+from freescale.jagged.ops import gather_positions, lengths_to_offsets
+from freescale.kernels import indexed_permute
 
 
 def schema_fingerprint(batch: SampleBatch) -> int:
@@ -39,6 +39,32 @@ def schema_fingerprint(batch: SampleBatch) -> int:
     dense = batch.dense
     parts.append("dense:-" if dense is None else f"dense:{dense.dtype}:{tuple(dense.shape[1:])}")
     return zlib.crc32("|".join(parts).encode()) & 0x7FFFFFFF
+
+
+def _values(jf: JaggedFeatures) -> int | None:
+    """Number of values, from a host-known shape (None without features)."""
+    return next(iter(jf.features.values())).shape[0] if jf.features else None
+
+
+def permute_batch(batch: SampleBatch, order: Tensor) -> SampleBatch:
+    """``batch.select(order)`` for a *permutation* ``order``, on the kernels.
+
+    Output sizes equal the input's, which are tensor shapes on the host, so
+    nothing is read back from the device (``select`` must read a total).
+    """
+    order = order.to(device=batch.device, dtype=torch.int64)
+    n_cand = batch.num_candidates_total
+    cand_pos, cand_offsets = gather_positions(batch.candidates.offsets, order, n_cand)
+    return SampleBatch(
+        uih=indexed_permute(batch.uih, order, _values(batch.uih)),
+        candidates=JaggedFeatures(
+            cand_offsets, {n: t[cand_pos] for n, t in batch.candidates.features.items()}
+        ),
+        labels=batch.labels[cand_pos],
+        content=indexed_permute(batch.content, cand_pos, _values(batch.content)),
+        sample_id=batch.sample_id[order],
+        dense=None if batch.dense is None else batch.dense[order],
+    )
 
 
 def _send(comm: Communicator, routing: Routing, level: str, x: Tensor) -> Work:
@@ -79,7 +105,7 @@ class PendingExchange:
             dense=None if self.dense is None else self.dense.wait(stream),
         )
         if r.final_order is not None:
-            batch = batch.select(r.final_order.to(device))
+            batch = permute_batch(batch, r.final_order)
         return batch
 
 
@@ -97,7 +123,7 @@ def start_exchange(comm: Communicator, batch: SampleBatch, routing: Routing) -> 
     if batch.device != comm.device:
         batch = batch.to(comm.device)
     if routing.send_order is not None:
-        batch = batch.select(routing.send_order.to(batch.device))
+        batch = permute_batch(batch, routing.send_order)
 
     def per_feature(level: str, jf: JaggedFeatures) -> dict[str, Work]:
         return {n: _send(comm, routing, level, t) for n, t in jf.features.items()}

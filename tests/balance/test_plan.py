@@ -16,7 +16,9 @@ from freescale.balance import (
     route,
     sample_features,
 )
+from freescale.balance.exchange import permute_batch
 from freescale.jagged import SampleBatch
+from freescale.testing.batches import random_batch
 from tests.balance._helpers import rank_batches, reverse_partitioner, worlds
 
 
@@ -159,3 +161,11 @@ def test_identity_plan_moves_nothing():
     r = route(world, plan, 1)
     assert not any(r.moving.values()) and r.send_order is None and r.final_order is None
     assert r.send_counts["samples"] == [0, 3]
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**16), b=st.integers(0, 9), data=st.data())
+def test_permute_batch_equals_select(seed, b, data):
+    batch = random_batch(seed=seed, batch_size=b, dense_dim=data.draw(st.sampled_from([None, 2])))
+    perm = torch.tensor(data.draw(st.permutations(range(b))), dtype=torch.int64)
+    assert permute_batch(batch, perm).equal(batch.select(perm))
