@@ -19,8 +19,6 @@ from torch import Tensor
 from freescale.balance.plan import Plan
 from freescale.balance.world import WorldLengths
 
-LEVELS = ("samples", "uih", "candidates", "content")
-
 
 @dataclass(frozen=True)
 class Routing:
@@ -46,10 +44,6 @@ class Routing:
     recv_num_candidates: Tensor
     recv_candidate_lengths: Tensor
     final_order: Tensor | None
-
-    @property
-    def num_received(self) -> int:
-        return self.recv_uih_lengths.numel()
 
 
 def _is_sorted(t: Tensor) -> bool:

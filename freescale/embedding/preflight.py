@@ -181,14 +181,3 @@ def finish_preflight(p: PendingPreflight) -> tuple[list[list[int]], list[list[in
     sends = p.send_counts.t().tolist()
     recvs = [[row[5 + g] for row in received] for g in range(p.send_counts.shape[1])]
     return sends, recvs
-
-
-def preflight(
-    comm: Communicator,
-    keys: list[str],
-    requests: list[Request],
-    unknown: list[str],
-    send_counts: Tensor,
-) -> tuple[list[list[int]], list[list[int]]]:
-    """`start_preflight` + `finish_preflight`: the blocking form (sync mode)."""
-    return finish_preflight(start_preflight(comm, keys, requests, unknown, send_counts))

@@ -83,9 +83,6 @@ class ShardStore(nn.Module):
                 slots.append(start + int(slot))
         return torch.tensor(sorted(slots), dtype=torch.int64, device=device)
 
-    def table_index(self, name: str) -> int:
-        return [t.name for t in self.tables].index(name)
-
     # ---- training ------------------------------------------------------------
     def lookup(self, slots: Tensor) -> Tensor:
         return gather_rows(self.weight, slots)
