@@ -1,0 +1,26 @@
+"""``freescale trace``: GPU bubbles in a ``torch.profiler`` Chrome trace."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+
+from freescale.pipeline.trace import format_summary, gpu_gaps, load_trace
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("trace", help="GPU idle gaps in a profiler trace (and the CPU during them)")
+    p.add_argument("trace", help="Chrome trace (.json or .json.gz) from --set trace_path=...")
+    p.add_argument("--min-gap-us", type=float, default=50.0, help="smallest gap listed (µs)")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
+    p.set_defaults(run=run_trace)
+
+
+def run_trace(args: argparse.Namespace) -> int:
+    summary = gpu_gaps(load_trace(args.trace), args.min_gap_us)
+    if args.json:
+        print(json.dumps(dataclasses.asdict(summary)))
+    else:
+        print(format_summary(summary), end="")
+    return 0

@@ -1,0 +1,192 @@
+"""GPU idle time ("bubbles") in a Chrome trace written by ``torch.profiler``."""
+
+from __future__ import annotations
+
+import bisect
+import gzip
+import itertools
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
+CPU_CATS = {"cpu_op", "cuda_runtime", "cuda_driver", "python_function", "user_annotation"}
+STEP_PREFIX = "ProfilerStep#"
+Spans = list[tuple[float, float]]
+
+
+@dataclass
+class Gap:
+    start_us: float
+    dur_us: float
+    cpu: list[str]  # CPU events overlapping the gap, longest overlap first (at most 3)
+
+
+@dataclass
+class StepStats:
+    name: str
+    window_us: float
+    busy_us: float
+    idle_us: float
+    idle_pct: float
+
+
+@dataclass
+class DeviceSummary:
+    device: Any
+    start_us: float  # the window is [start_us, start_us + window_us]
+    window_us: float
+    busy_us: float
+    idle_us: float
+    idle_pct: float
+    comm_us: float  # union of NCCL kernels
+    compute_stream: Any
+    compute_busy_us: float
+    compute_idle_pct: float
+    gaps: list[Gap] = field(default_factory=list)
+    steps: list[StepStats] = field(default_factory=list)
+
+
+@dataclass
+class TraceSummary:
+    min_gap_us: float
+    window_us: float  # the longest device window; 0 without GPU events
+    devices: list[DeviceSummary] = field(default_factory=list)
+
+
+def load_trace(path: str | Path) -> dict[str, Any]:
+    """Read a ``.json`` or ``.json.gz`` Chrome trace."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path}: no such trace file")
+    try:
+        with (gzip.open if path.suffix == ".gz" else open)(path, "rt") as f:
+            trace = json.load(f)
+    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: not a JSON Chrome trace ({e})") from None
+    if isinstance(trace, list):  # the format also allows a bare event array
+        trace = {"traceEvents": trace}
+    if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
+        raise ValueError(f"{path}: not a Chrome trace (no traceEvents list)")
+    return trace
+
+
+def _union(spans: Spans) -> Spans:
+    out: Spans = []
+    for s, e in sorted(spans):
+        if out and s <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], e))
+        else:
+            out.append((s, e))
+    return out
+
+
+def _length(spans: Spans) -> float:
+    return sum(e - s for s, e in spans)
+
+
+def _idle(window: float, busy: float) -> tuple[float, float]:
+    return window - busy, 100.0 * (window - busy) / window if window > 0 else 0.0
+
+
+def _cpu_names(cpu: list, starts: list[float], max_dur: float, lo: float, hi: float) -> list[str]:
+    ranked, first = [], bisect.bisect_left(starts, lo - max_dur)
+    for s, e, name in cpu[first : bisect.bisect_left(starts, hi)]:
+        if e > lo:  # ties go to the shorter event: enclosing Python frames cover every gap
+            ranked.append((max(s, lo) - min(e, hi), e - s, name))
+    return list(dict.fromkeys(n for *_, n in sorted(ranked)))[:3]
+
+
+def _device(dev: Any, evs: list, cpu: list, steps: list, min_gap_us: float) -> DeviceSummary:
+    busy = _union([(s, e) for s, e, *_ in evs])
+    lo, window, busy_us = busy[0][0], busy[-1][1] - busy[0][0], _length(busy)
+    streams: dict[Any, Spans] = {}
+    work: dict[Any, float] = {}
+    for s, e, stream, kernel, nccl in evs:
+        if kernel:
+            streams.setdefault(stream, []).append((s, e))
+            work[stream] = work.get(stream, 0.0) + (0.0 if nccl else e - s)
+    # Ranked by non-NCCL time so a long all-reduce stream is never taken for compute.
+    compute = max(sorted(work, key=str), key=work.__getitem__, default=None)
+    compute_busy = _length(_union(streams[compute])) if compute is not None else 0.0
+    starts = [c[0] for c in cpu]
+    max_dur = max((e - s for s, e, _ in cpu), default=0.0)
+    gaps = [
+        Gap(a, b - a, _cpu_names(cpu, starts, max_dur, a, b))
+        for (_, a), (b, _) in itertools.pairwise(busy)
+        if b - a >= min_gap_us
+    ]
+    rows = []
+    for s, e, name in steps:
+        b = sum(min(be, e) - max(bs, s) for bs, be in busy if be > s and bs < e)
+        rows.append(StepStats(name, e - s, b, *_idle(e - s, b)))
+    comm = _length(_union([(s, e) for s, e, _, kernel, nccl in evs if kernel and nccl]))
+    return DeviceSummary(
+        dev, lo, window, busy_us, *_idle(window, busy_us), comm, compute, compute_busy,
+        _idle(window, compute_busy)[1], gaps, rows,
+    )  # fmt: skip
+
+
+def gpu_gaps(trace: dict[str, Any], min_gap_us: float = 50.0) -> TraceSummary:
+    """Busy/idle time of each GPU, its gaps >= ``min_gap_us`` and the CPU work during them."""
+    events = trace.get("traceEvents") if isinstance(trace, dict) else None
+    if not isinstance(events, list):
+        raise ValueError("not a Chrome trace (no traceEvents list)")
+    gpu: dict[Any, list] = {}
+    cpu, steps = [], []
+    for ev in events:
+        if not isinstance(ev, dict) or ev.get("ph") != "X" or "ts" not in ev:
+            continue
+        cat, name = str(ev.get("cat", "")).lower(), str(ev.get("name", ""))
+        args = ev["args"] if isinstance(ev.get("args"), dict) else {}
+        s, e = float(ev["ts"]), float(ev["ts"]) + float(ev.get("dur", 0.0))
+        if cat in GPU_CATS:
+            stream, nccl = args.get("stream", ev.get("tid")), "nccl" in name.lower()
+            gpu.setdefault(args.get("device", ev.get("pid")), []).append(
+                (s, e, stream, cat == "kernel", nccl)
+            )
+        elif name.startswith(STEP_PREFIX) and not cat.startswith("gpu_"):
+            steps.append((s, e, name))  # the CPU-side step span, not its GPU mirror
+        elif cat in CPU_CATS:
+            cpu.append((s, e, name))
+    cpu.sort()
+    steps.sort()
+    devices = [_device(d, gpu[d], cpu, steps, min_gap_us) for d in sorted(gpu, key=str)]
+    return TraceSummary(min_gap_us, max((d.window_us for d in devices), default=0.0), devices)
+
+
+def _ms(us: float) -> str:
+    return f"{us / 1e3:.3f}"
+
+
+def _table(head: list[str], rows: list[list[str]]) -> list[str]:
+    return [f"| {' | '.join(r)} |" for r in [head, ["---"] * len(head), *rows]]
+
+
+def format_summary(summary: TraceSummary) -> str:
+    """Markdown: one row per device, then each device's largest gaps and its steps."""
+    if not summary.devices:
+        return "No GPU events in the trace (CPU-only profile?): GPU window 0 ms.\n"
+    head = ["device", "window ms", "busy ms", "idle %", "compute-stream idle %", "NCCL ms", "gaps"]
+    rows = [
+        [str(d.device), _ms(d.window_us), _ms(d.busy_us), f"{d.idle_pct:.1f}",
+         f"{d.compute_idle_pct:.1f} (stream {d.compute_stream})", _ms(d.comm_us), str(len(d.gaps))]
+        for d in summary.devices
+    ]  # fmt: skip
+    lines = _table(head, rows)
+    for d in summary.devices:
+        if d.gaps:
+            lines += ["", f"Device {d.device}: largest gaps (>= {summary.min_gap_us:g} us)", ""]
+            top = sorted(d.gaps, key=lambda g: -g.dur_us)[:10]
+            rows = [
+                [_ms(g.dur_us), _ms(g.start_us - d.start_us), ", ".join(g.cpu) or "-"] for g in top
+            ]
+            lines += _table(["gap ms", "at ms", "CPU during the gap"], rows)
+        if d.steps:
+            lines += ["", f"Device {d.device}: per step", ""]
+            rows = [
+                [s.name, _ms(s.window_us), _ms(s.busy_us), f"{s.idle_pct:.1f}"] for s in d.steps
+            ]
+            lines += _table(["step", "window ms", "busy ms", "idle %"], rows)
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,155 @@
+import gzip
+import json
+
+import pytest
+
+from freescale.pipeline.trace import format_summary, gpu_gaps, load_trace
+
+
+def kernel(ts, dur, name="gemm", stream=7, device=0, cat="kernel"):
+    args = {"stream": stream, "device": device}
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": device,
+            "tid": stream, "args": args}  # fmt: skip
+
+
+def cpu(ts, dur, name, cat="cpu_op"):
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 4242, "tid": 1}
+
+
+def one_gpu_trace():
+    """Busy [0,250) [600,720) [740,760) on GPU 0: one 350 µs bubble, one 20 µs."""
+    return {
+        "traceEvents": [
+            kernel(0, 100),
+            kernel(150, 100),
+            kernel(600, 100),
+            kernel(740, 20),
+            kernel(50, 150, name="ncclDevKernel_AllReduce_Sum_f32", stream=20),  # overlaps
+            kernel(700, 20, name="Memcpy HtoD", stream=9, cat="GPU_MEMCPY"),
+            cpu(0, 1000, "train_step", cat="python_function"),
+            cpu(245, 360, "aten::item"),
+            cpu(250, 350, "cudaStreamSynchronize", cat="CUDA_RUNTIME"),
+            cpu(590, 5, "cudaLaunchKernel", cat="cuda_runtime"),
+            cpu(0, 300, "ProfilerStep#2", cat="user_annotation"),
+            cpu(300, 500, "ProfilerStep#3", cat="user_annotation"),
+            # The GPU mirror of a step annotation is neither busy time nor a step.
+            {**kernel(0, 300, name="ProfilerStep#2"), "cat": "gpu_user_annotation"},
+            {"ph": "M", "name": "process_name", "pid": 0, "args": {"name": "GPU 0"}},
+        ]
+    }
+
+
+def test_one_gpu_busy_idle_nccl_and_compute_stream():
+    s = gpu_gaps(one_gpu_trace())
+    assert s.window_us == 760
+    [d] = s.devices
+    assert (d.device, d.start_us, d.window_us) == (0, 0, 760)
+    assert (d.busy_us, d.idle_us) == (390, 370)
+    assert d.idle_pct == pytest.approx(100 * 370 / 760)
+    assert d.comm_us == 150
+    # Stream 20 has more busy time than nothing but only NCCL: stream 7 is compute.
+    assert (d.compute_stream, d.compute_busy_us) == (7, 320)
+    assert d.compute_idle_pct == pytest.approx(100 * 440 / 760)
+
+
+def test_gaps_name_the_cpu_work_innermost_first():
+    [d] = gpu_gaps(one_gpu_trace()).devices
+    [gap] = d.gaps  # the 20 µs gap is below the default 50 µs
+    assert (gap.start_us, gap.dur_us) == (250, 350)
+    # Equal overlaps: the shortest (innermost) event first; steps are never named.
+    assert gap.cpu == ["cudaStreamSynchronize", "aten::item", "train_step"]
+    [_, small] = gpu_gaps(one_gpu_trace(), min_gap_us=10).devices[0].gaps
+    assert (small.start_us, small.dur_us, small.cpu) == (720, 20, ["train_step"])
+
+
+def test_steps_intersect_the_cpu_step_span():
+    [d] = gpu_gaps(one_gpu_trace()).devices
+    rows = [(r.name, r.window_us, r.busy_us, r.idle_us) for r in d.steps]
+    assert rows == [("ProfilerStep#2", 300, 250, 50), ("ProfilerStep#3", 500, 140, 360)]
+    assert d.steps[1].idle_pct == pytest.approx(72.0)
+
+
+def test_two_devices_reported_separately():
+    events = [
+        kernel(0, 10, device=0),
+        kernel(100, 10, device=0, stream=3),
+        # No args: the device comes from pid and the stream from tid.
+        {"ph": "X", "cat": "kernel", "name": "k", "ts": 5, "dur": 45, "pid": 1, "tid": 3},
+    ]
+    s = gpu_gaps({"traceEvents": events})
+    assert [d.device for d in s.devices] == [0, 1]
+    d0, d1 = s.devices
+    assert (d0.window_us, d0.busy_us, d0.idle_us) == (110, 20, 90)
+    assert [(g.start_us, g.dur_us, g.cpu) for g in d0.gaps] == [(10, 90, [])]
+    assert (d1.start_us, d1.window_us, d1.busy_us, d1.idle_pct, d1.gaps) == (5, 45, 45, 0.0, [])
+    assert (d1.compute_stream, d1.compute_idle_pct) == (3, 0.0)
+    assert s.window_us == 110
+
+
+@pytest.mark.parametrize("events", [[], [cpu(0, 10, "aten::add")]])
+def test_no_gpu_events_is_an_empty_window(events):
+    s = gpu_gaps({"traceEvents": events})
+    assert (s.window_us, s.devices) == (0.0, [])
+    assert "No GPU events" in format_summary(s)
+
+
+def test_format_summary_table():
+    text = format_summary(gpu_gaps(one_gpu_trace()))
+    assert "| 0 | 0.760 | 0.390 | 48.7 | 57.9 (stream 7) | 0.150 | 1 |" in text
+    assert "| 0.350 | 0.250 | cudaStreamSynchronize, aten::item, train_step |" in text
+    assert "| ProfilerStep#3 | 0.500 | 0.140 | 72.0 |" in text
+
+
+def test_format_lists_the_ten_largest_gaps():
+    events = [kernel(1000 * i, 100 + i) for i in range(13)]  # 12 gaps, shrinking
+    text = format_summary(gpu_gaps({"traceEvents": events}))
+    lines = text.splitlines()
+    gap_rows = lines[lines.index("| --- | --- | --- |") + 1 :]
+    assert len(gap_rows) == 10
+    assert gap_rows[0].startswith("| 0.900 | 0.100 |")  # the largest first
+
+
+def test_load_trace_json_gz_and_bare_list(tmp_path):
+    trace = one_gpu_trace()
+    (tmp_path / "t.json").write_text(json.dumps(trace))
+    with gzip.open(tmp_path / "t.json.gz", "wt") as f:
+        json.dump(trace, f)
+    (tmp_path / "list.json").write_text(json.dumps(trace["traceEvents"]))
+    assert load_trace(tmp_path / "t.json") == trace
+    assert load_trace(tmp_path / "t.json.gz") == trace
+    assert load_trace(tmp_path / "list.json") == trace
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [(None, "no such trace file"), ("{not json", "not a JSON"), ('{"a": 1}', "no traceEvents")],
+)
+def test_load_trace_errors(tmp_path, content, message):
+    path = tmp_path / "t.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(ValueError, match=message):
+        load_trace(path)
+    gz = tmp_path / "bad.json.gz"
+    gz.write_text("plain text")
+    with pytest.raises(ValueError, match="not a JSON"):
+        load_trace(gz)
+
+
+def test_gpu_gaps_rejects_a_non_trace():
+    with pytest.raises(ValueError, match="traceEvents"):
+        gpu_gaps({"events": []})
+
+
+def test_real_cpu_profiler_trace_has_no_gpu_window(tmp_path):
+    torch = pytest.importorskip("torch")
+    path = tmp_path / "cpu.json"
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(2):
+            x = torch.randn(16, 16)
+            (x @ x).relu().sum()
+            prof.step()
+    prof.export_chrome_trace(str(path))
+    s = gpu_gaps(load_trace(path))
+    assert (s.window_us, s.devices) == (0.0, [])
