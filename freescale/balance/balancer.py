@@ -11,9 +11,11 @@
 - Stage II (`stage2`): wait for stage I, then all-gather the composite
   candidate lengths (content length of every candidate), padded to the
   largest per-rank candidate count, which stage I made known.
-- Stage III (`start_stage3` + `finish`, or `stage3` for both): wait for
-  stage II, run the partitioner on the host (every rank gets the same plan),
-  check the plan, and issue one AllToAll per sample tensor (`start_exchange`);
+- Planning (`plan_step`): wait for stage II, run the partitioner on the host
+  (every rank gets the same plan), check it and derive this rank's `Routing`.
+  Host-only, so `gather` does it too and a helper thread hides all of it.
+- Stage III (`start_stage3` + `finish`, or `stage3` for both): plan if not
+  done yet, then issue one AllToAll per sample tensor (`start_exchange`);
   `finish` waits and returns the balanced batch.
 
 Each call issues its collectives asynchronously and waits only for the
@@ -35,7 +37,7 @@ from freescale.balance.cost import CostModel, CostModelConfig
 from freescale.balance.exchange import PendingExchange, schema_fingerprint, start_exchange
 from freescale.balance.plan import Plan, check_plan
 from freescale.balance.registry import resolve_partitioner
-from freescale.balance.routing import route
+from freescale.balance.routing import Routing, route
 from freescale.balance.runtime import Partitioner, RuntimeInfo
 from freescale.balance.vbs import AutoTune, AutoTuneConfig
 from freescale.balance.world import NUM_FEATURES, WorldLengths, sample_features
@@ -84,6 +86,7 @@ class BalanceHandle:
         self._ncand: Tensor | None = None
         self._ncand_rank: list[int] = []
         self._sizes: list[int] = []
+        self._routing: Routing | None = None
 
     @property
     def total_candidates(self) -> int:
@@ -199,21 +202,22 @@ class LoadBalancer:
         return h._work.wait().cpu().view(self.world_size, _HEADER + 2 * h.capacity)
 
     def gather(self, batch: SampleBatch, lengths: WorldLengths | None = None) -> BalanceHandle:
-        """Stages I and II back to back, waiting for both (host only, blocking).
+        """Stages I and II and the planning, back to back (host only, blocking).
 
         Meant for a helper thread: it uses only ``meta_comm``, so with a
         ``meta_comm`` group of its own it runs concurrently with the training
-        collectives; `start_stage3` then finds the lengths already there.
+        collectives, and `start_stage3` then only issues the sample AllToAlls.
+        The plan uses the runtime information (`observe`) present when this
+        is called; the caller must not call `observe` until it returns.
         """
-        h = self.stage2(self.start_stage1(batch, lengths))
-        if h._work is not None:
-            h._work.wait()
-        return h
+        return self.plan_step(self.stage2(self.start_stage1(batch, lengths)))
 
     # ---- stage III -----------------------------------------------------------
-    def start_stage3(self, h: BalanceHandle) -> BalanceHandle:
-        """Wait for stage II, partition, and issue the AllToAlls of the samples."""
-        h._expect(2, "start_stage3")
+    def plan_step(self, h: BalanceHandle) -> BalanceHandle:
+        """Wait for stage II, partition, check the plan and route (host only)."""
+        h._expect(2, "plan_step")
+        if h._routing is not None:
+            return h
         counts = h._ncand_rank
         if h._work is not None:
             rows = h._work.wait().cpu().view(self.world_size, max(counts))
@@ -223,9 +227,16 @@ class LoadBalancer:
         assert h._uih is not None and h._ncand is not None
         h.world = WorldLengths(tuple(h._sizes), h._uih, h._ncand, cand)
         h.plan = self._partition(h.world, h.step)
-        assert h.batch is not None
-        h._pending = start_exchange(self.comm, h.batch, route(h.world, h.plan, self.comm.rank))
-        h.batch, h._work = None, None  # the exchange holds what it still needs
+        h._routing = route(h.world, h.plan, self.comm.rank)
+        h._work = None
+        return h
+
+    def start_stage3(self, h: BalanceHandle) -> BalanceHandle:
+        """Plan (unless `gather` did) and issue the AllToAlls of the samples."""
+        self.plan_step(h)
+        assert h.batch is not None and h._routing is not None
+        h._pending = start_exchange(self.comm, h.batch, h._routing)
+        h.batch, h._routing = None, None  # the exchange holds what it still needs
         h.stage = 3
         return h
 

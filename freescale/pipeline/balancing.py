@@ -2,9 +2,9 @@
 
 Step s trains on balanced batch s while the raw batch of step s+2 goes
 through the balancer: stages I-II (gather lengths and candidate sizes over a
-gloo group) run on a helper thread from the start of the step, stage III
-(partition + the sample AllToAll) is issued after backward and collected at
-the end of the step. Two steps ahead, because ``sdd`` must know balanced batch
+gloo group) and the partitioner run on a helper thread from the start of the
+step, stage III (the sample AllToAll) is issued after backward and collected
+at the end of the step. Two steps ahead, because ``sdd`` must know balanced batch
 s+1 when step s starts (to prefetch its ids).
 """
 
@@ -50,7 +50,7 @@ class BalanceStage:
         self.gathering = self.pool.submit(self.balancer.gather, batch, info.lengths)
 
     def stage3(self) -> None:
-        """After backward: partition and issue the sample AllToAll."""
+        """After backward: issue the sample AllToAll (the plan is ready by then)."""
         if self.gathering is None:
             return
         with self.timer("balancer"):  # only what the helper thread has not hidden
@@ -78,6 +78,8 @@ class BalanceStage:
 
     def observe(self, compute_ms: list[float], handle: BalanceHandle) -> None:
         """Feed measured per-rank compute times back (AutoTune, cost model)."""
+        # The helper thread plans with the models: never change them under it.
+        assert self.gathering is None, "observe while a plan is being made"
         # Timer noise can push a tiny compute time below zero; the models need >= 0.
         self.balancer.observe([max(t, 0.0) for t in compute_ms], handle.rank_features())
 
