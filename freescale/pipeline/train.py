@@ -228,13 +228,12 @@ class Trainer:
             return None
         first, last = trace_window(self.cfg.trace_steps or "2-3")
         path = self.cfg.trace_path.replace("{rank}", str(self.rank))
+        if self.rank and "{rank}" not in self.cfg.trace_path:  # one file per rank
+            stem, dot, ext = path.partition(".json")
+            path = f"{stem}.rank{self.rank}{dot}{ext}"
 
         def save(prof: Any) -> None:
-            prof.export_chrome_trace(
-                path
-                if "{rank}" in self.cfg.trace_path or self.rank == 0
-                else f"{path}.rank{self.rank}"
-            )
+            prof.export_chrome_trace(path)
 
         activities = [torch.profiler.ProfilerActivity.CPU]
         if self.device.type == "cuda":
