@@ -217,6 +217,30 @@ def time_fast(fn: Callable[[], object], dev: str) -> float:
     return time_loop(fn, dev, 0.5, 20)[0]
 
 
+def gpu_kernel_ms(fn: Callable[[], object], reps: int = 20) -> tuple[float, list[list]]:
+    """GPU time of ``fn``'s kernels and copies per call (profiler), and the 4 largest.
+
+    Against ``do_bench``'s wall time this separates GPU work from launch
+    overhead: an op whose kernels take 30 us but which measures 300 us is
+    bound by the host launching it, not by memory bandwidth.
+    """
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    per: dict[str, float] = {}
+    for e in prof.events():
+        if e.device_type == DeviceType.CUDA:
+            per[e.name] = per.get(e.name, 0.0) + e.time_range.elapsed_us() / reps / 1000
+    top = sorted(per.items(), key=lambda kv: -kv[1])[:4]
+    return sum(per.values()), [[name[:60], round(ms, 4)] for name, ms in top]
+
+
 def copy_gbps(dev: str, quick: bool) -> float:
     """Device-to-device copy bandwidth, read + write bytes."""
     n = (16 if quick else 1024) * MB
@@ -239,6 +263,8 @@ def measure(case: Case, dev: str, args: argparse.Namespace, deadline: float) -> 
     if "triton" in case.calls:
         row["triton_ok"] = same(case.calls["triton"](), want)
         row["triton_ms"] = time_fast(case.calls["triton"], dev)
+        if case.op in TARGET_OPS:
+            row["triton_gpu_ms"], row["triton_kernels"] = gpu_kernel_ms(case.calls["triton"])
     if time.perf_counter() < deadline:
         row["eager_ok"] = same(case.calls["eager"](), want)
         row["eager_ms"], row["eager_reps"] = time_loop(
@@ -287,9 +313,9 @@ def fmt(value: float | None, spec: str = ".3f") -> str:
 def table(rows: list[dict], copy: float) -> list[str]:
     head = (
         "| op | W | MB | eager ms (reps) | torch ms | triton ms | eager/fast | torch/triton "
-        "| triton GB/s | % copy | checks |"
+        "| triton GB/s | % copy | triton GPU ms | checks |"
     )
-    lines = [head, "|" + "---|" * 11]
+    lines = [head, "|" + "---|" * 12]
     for r in rows:
         gbps = r.get("triton_gbps")
         reps = f" ({r['eager_reps']})" if "eager_reps" in r else ""
@@ -305,6 +331,7 @@ def table(rows: list[dict], copy: float) -> list[str]:
             fmt(r.get("torch_speedup"), ".2f"),
             fmt(gbps, ".0f"),
             fmt(None if gbps is None else 100 * gbps / copy, ".0f"),
+            fmt(r.get("triton_gpu_ms")),
             "MISMATCH " + ",".join(bad) if bad else r.get("eager_note", "equal"),
         ]
         lines.append("| " + " | ".join(cells) + " |")
@@ -341,10 +368,22 @@ def report(path: Path, meta: dict, rows: list[dict], checks: list[dict]) -> None
         f"- eager: repeated while under {meta['eager_budget']} s (at least 1, at most 5"
         " calls; count in parentheses); `eager/fast` divides by Triton, or by torch"
         " where Triton is not run",
+        "- triton GPU ms: kernel and copy time per call from the profiler; the wall time"
+        " (`triton ms`, `triton.testing.do_bench` median) above it is host launch overhead",
         "",
         *table(rows, meta["copy_gbps"]),
         "",
     ]
+    kernels = [r for r in rows if r.get("triton_kernels")]
+    if kernels:
+        lines += ["## Triton kernels per call (profiler)", "", "| op | W | kernel | GPU ms |",
+                  "|---|---|---|---|"]  # fmt: skip
+        lines += [
+            f"| {r['op']} | {r['world_size']} | `{name}` | {ms:.4f} |"
+            for r in kernels
+            for name, ms in r["triton_kernels"]
+        ]
+        lines.append("")
     if checks:
         lines += ["## Targets", "", "| op | W | target | value | pass |", "|---|---|---|---|---|"]
         lines += [
