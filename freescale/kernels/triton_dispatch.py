@@ -8,18 +8,20 @@ by destination, then gather). A row's place in the send buffer is
 
 Element-parallel over blocks of ``BLOCK`` rows, in two passes and a scan:
 
-1. ``count``: each block counts its rows per destination by comparing its rows
+1. ``count``: each block computes its rows' destinations once (owners of ids
+   are hashed here, the costly part: int64 division), stores them as int32 in
+   a scratch buffer, and counts its rows per destination by comparing its rows
    with each other (``[BLOCK, SUB]`` tiles) into ``hist[d, block]``;
-2. torch: an exclusive cumsum of ``hist`` in (destination, block) order gives
-   ``base[d, block]``, the first slot of that block's rows for ``d``;
+2. torch: one inclusive cumsum of ``hist`` in (destination, block) order;
+   ``base[d, block] = cumsum - hist``, the first slot of that block's rows for
+   ``d``, is formed in the next kernel, and the per-destination offsets are the
+   cumsum's last column;
 3. ``place``: each block recomputes the in-block rank (rows before it with the
-   same destination), writes ``positions`` and copies 1-D rows (ids) directly.
-   Wider rows (embeddings) are then moved by the row kernel of `triton_rows`.
+   same destination) from the int32 destinations, writes ``positions`` and
+   copies its rows (ids or embedding rows, as integer words) to the send buffer.
 
 Compares cost ``O(N * BLOCK)`` and the histogram ``O(N * W / BLOCK)``, so
-``BLOCK`` grows like ``sqrt(W)``. Owners of ids can be computed in the kernels
-(`triton_bucketize.owner_and_local`), so the id path never materializes them.
-Nothing is read back on the host.
+``BLOCK`` grows like ``sqrt(W)``. Nothing is read back on the host.
 """
 
 from __future__ import annotations
@@ -39,10 +41,11 @@ from freescale.kernels.triton_common import (
     bench_ms,
     cdiv,
     check_launchable,
+    copy_rows,
     count_true,
     gbps,
+    next_pow2,
 )
-from freescale.kernels.triton_rows import scatter_rows
 
 DEST_GIVEN, DEST_BLOCK, DEST_HASHED = 0, 1, 2
 TILE = 2048  # compare-tile elements (BLOCK * SUB): 16 per thread at 4 warps
@@ -58,12 +61,27 @@ def _load_dest(src, i, mask, W, rows_per_rank, MODE: tl.constexpr):
     else:
         d, _ = owner_and_local(x, W, rows_per_rank, MODE == 2)
     ok = mask & (d >= 0) & (d < W)
-    return tl.where(ok, d, -1).to(tl.int32), ok
+    return tl.where(ok, d, -1).to(tl.int32)
+
+
+@triton.jit
+def _in_block(dest32, block, i, di, n, BLOCK: tl.constexpr, SUB: tl.constexpr):
+    """Per row of the block: rows of the block with its destination, and those before it."""
+    total = tl.full([BLOCK], 0, tl.int32)
+    before = tl.full([BLOCK], 0, tl.int32)
+    for j0 in range(0, BLOCK, SUB):
+        j = block * BLOCK + j0 + tl.arange(0, SUB)
+        dj = tl.load(dest32 + j, mask=j < n, other=-1)
+        same = (di[:, None] == dj[None, :]) & (dj[None, :] >= 0)
+        total += count_true(same)
+        before += count_true(same & (j[None, :] < i[:, None]))
+    return total, before
 
 
 @triton.jit
 def _count_kernel(
     src,
+    dest32,
     hist,
     n,
     W,
@@ -73,57 +91,55 @@ def _count_kernel(
     BLOCK: tl.constexpr,
     SUB: tl.constexpr,
 ):
-    """``hist[d * n_blocks + block]`` = rows of this block with destination ``d``."""
+    """``dest32[i]`` = destination of row i; ``hist[d * n_blocks + block]`` = rows
+    of this block with destination ``d`` (entries of absent ``d`` stay 0)."""
     block = tl.program_id(0).to(tl.int64)
     i = block * BLOCK + tl.arange(0, BLOCK)
-    di, ok = _load_dest(src, i, i < n, W, rows_per_rank, MODE)
-    total = tl.full([BLOCK], 0, tl.int32)
-    before = tl.full([BLOCK], 0, tl.int32)
-    for j0 in range(0, BLOCK, SUB):
-        j = block * BLOCK + j0 + tl.arange(0, SUB)
-        dj, okj = _load_dest(src, j, j < n, W, rows_per_rank, MODE)
-        same = (di[:, None] == dj[None, :]) & okj[None, :]
-        total += count_true(same)
-        before += count_true(same & (j[None, :] < i[:, None]))
+    di = _load_dest(src, i, i < n, W, rows_per_rank, MODE)
+    tl.store(dest32 + i, di, mask=i < n)
+    tl.debug_barrier()  # the block's destinations are read back by its other rows
+    total, before = _in_block(dest32, block, i, di, n, BLOCK, SUB)
     # the first row of each destination writes that destination's count
-    tl.store(hist + di.to(tl.int64) * n_blocks + block, total, mask=ok & (before == 0))
+    first = (di >= 0) & (before == 0)
+    tl.store(hist + di.to(tl.int64) * n_blocks + block, total, mask=first)
 
 
 @triton.jit
 def _place_kernel(
-    src,
-    values,
-    base,
+    dest32,
+    cum,
+    hist,
     positions,
+    values,
     send,
     n,
     W,
     rows_per_rank,
     n_blocks,
-    MODE: tl.constexpr,
-    COPY: tl.constexpr,
-    LOCAL: tl.constexpr,
+    words,
+    LOCAL_MODE: tl.constexpr,
     BLOCK: tl.constexpr,
     SUB: tl.constexpr,
+    BLOCK_W: tl.constexpr,
 ):
-    """``positions[i] = base[d, block] + in-block rank``; 1-D rows copied to ``send``."""
+    """``positions[i] = cum[d, block] - hist[d, block] + in-block rank``; rows
+    (``words`` integer words each) copied to ``send``. ``LOCAL_MODE`` 1/2: the
+    rows are ids, sent as local rows of the block/hashed sharding."""
     block = tl.program_id(0).to(tl.int64)
     i = block * BLOCK + tl.arange(0, BLOCK)
-    di, ok = _load_dest(src, i, i < n, W, rows_per_rank, MODE)
-    before = tl.full([BLOCK], 0, tl.int32)
-    for j0 in range(0, BLOCK, SUB):
-        j = block * BLOCK + j0 + tl.arange(0, SUB)
-        dj, okj = _load_dest(src, j, j < n, W, rows_per_rank, MODE)
-        same = (di[:, None] == dj[None, :]) & okj[None, :] & (j[None, :] < i[:, None])
-        before += count_true(same)
-    pos = tl.load(base + di.to(tl.int64) * n_blocks + block, mask=ok, other=0) + before
+    di = tl.load(dest32 + i, mask=i < n, other=-1)
+    ok = di >= 0
+    _, before = _in_block(dest32, block, i, di, n, BLOCK, SUB)
+    slot = di.to(tl.int64) * n_blocks + block
+    base = tl.load(cum + slot, mask=ok, other=0) - tl.load(hist + slot, mask=ok, other=0)
+    pos = base + before
     tl.store(positions + i, pos, mask=ok)
-    if COPY:
+    if LOCAL_MODE != 0:
         v = tl.load(values + i, mask=ok)
-        if LOCAL:
-            _, local = owner_and_local(v.to(tl.int64), W, rows_per_rank, MODE == 2)
-            v = local.to(v.dtype)
-        tl.store(send + pos, v, mask=ok)
+        _, local = owner_and_local(v.to(tl.int64), W, rows_per_rank, LOCAL_MODE == 2)
+        tl.store(send + pos, local.to(v.dtype), mask=ok)
+    else:
+        copy_rows(values, send, i, pos, ok, words, BLOCK_W)
 
 
 # ---- launchers ------------------------------------------------------------
@@ -159,37 +175,43 @@ def _dispatch(
     block: int | None,
 ) -> tuple[Tensor, DispatchPlan]:
     device, n = values.device, values.shape[0]
+    if n >= 2**31:
+        raise ValueError(f"ranged dispatch counts rows in int32; got {n} rows")
     BLOCK = block or block_size(W)
     SUB = max(1, min(BLOCK, TILE // BLOCK))
     n_blocks = cdiv(n, BLOCK)
     hist = torch.zeros(W * n_blocks, dtype=torch.int32, device=device)
+    dest32 = torch.empty(n, dtype=torch.int32, device=device)
     positions = torch.empty(n, dtype=torch.int64, device=device)
-    copy = values.dim() == 1
-    send = torch.empty_like(values, memory_format=torch.contiguous_format) if copy else values
+    values = values.contiguous()
+    send = torch.empty_like(values)
     args = (n, W, rows_per_rank, n_blocks)
     if n:
         check_launchable(_count_kernel, device)
-        _count_kernel[(n_blocks,)](src, hist, *args, MODE=mode, BLOCK=BLOCK, SUB=SUB)
-    base = torch.cumsum(hist, 0, dtype=torch.int64) - hist
-    counts = hist.view(W, n_blocks).sum(1, dtype=torch.int64)
+        _count_kernel[(n_blocks,)](src, dest32, hist, *args, MODE=mode, BLOCK=BLOCK, SUB=SUB)
+    cum = torch.cumsum(hist, 0, dtype=torch.int64)
+    offsets = torch.cat([cum.new_zeros(1), cum.view(W, n_blocks)[:, -1]]) if n else None
     if n:
-        vals, out = as_words(values.contiguous(), send) if copy else (values, values)
+        local_mode = mode if local and mode != DEST_GIVEN else 0
+        vals, out = (values, send) if local_mode else as_words(values, send)
+        words = 1 if vals.dim() == 1 else vals.shape[1]
         _place_kernel[(n_blocks,)](
-            src,
-            vals,
-            base,
+            dest32,
+            cum,
+            hist,
             positions,
+            vals,
             out,
             *args,
-            MODE=mode,
-            COPY=copy,
-            LOCAL=local,
+            words,
+            LOCAL_MODE=local_mode,
             BLOCK=BLOCK,
             SUB=SUB,
+            BLOCK_W=min(next_pow2(words), 128),
         )
-        if not copy:
-            send = scatter_rows(values, positions)
-    return send, DispatchPlan.from_counts(counts, positions)
+    else:
+        offsets = torch.zeros(W + 1, dtype=torch.int64, device=device)
+    return send, DispatchPlan(offsets.diff(), offsets, positions)
 
 
 # ---- check and GB/s -------------------------------------------------------

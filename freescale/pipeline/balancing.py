@@ -3,9 +3,10 @@
 Step s trains on balanced batch s while the raw batch of step s+2 goes
 through the balancer: stages I-II (gather lengths and candidate sizes over a
 gloo group) and the partitioner run on a helper thread from the start of the
-step, stage III (the sample AllToAll) is issued after backward and collected
-at the end of the step. Two steps ahead, because ``sdd`` must know balanced batch
-s+1 when step s starts (to prefetch its ids).
+step, stage III (the sample AllToAll) is issued after forward, while the
+host is still ahead of the GPU, and collected at the end of the step. Two
+steps ahead, because ``sdd`` must know balanced batch s+1 when step s starts
+(to prefetch its ids).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ class BalanceStage:
         self.gathering = self.pool.submit(self.balancer.gather, batch, info.lengths)
 
     def stage3(self) -> None:
-        """After backward: issue the sample AllToAll (the plan is ready by then)."""
+        """After forward: issue the sample AllToAll (the plan is ready by then)."""
         if self.gathering is None:
             return
         with self.timer("balancer"):  # only what the helper thread has not hidden

@@ -88,6 +88,10 @@ class Trainer:
             logits = self.dense.ddp(batch, max_uih=info.max_uih, max_candidates=info.max_candidates)
         if self.cfg.mode == "sdd":
             self.embeddings.prefetch_ids()  # next batch's ids AllToAll overlaps backward
+        if self.balance is not None:
+            # Here the host is far ahead of the GPU (forward only launched kernels);
+            # after backward it is not: the sparse update reads sizes back.
+            self.balance.stage3()
         loss = bce_loss(logits, batch.labels, global_count)
         self.dense.last_ready = None
         loss.backward()  # fused sparse update + overlapped dense all-reduce
@@ -98,8 +102,6 @@ class Trainer:
                 self.dense.last_ready, self.timer.last_end or (0, None), key=lambda m: m[0]
             )[1]
             self.timer.add_interval("dense_allreduce", start, self.timer.mark())
-        if self.balance is not None:
-            self.balance.stage3()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         if self.balance is not None:

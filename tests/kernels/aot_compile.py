@@ -73,13 +73,15 @@ def variants(quick: bool = False) -> Iterator[Variant]:
         sub = max(1, min(block, dispatch.TILE // block))
         src = "*i32" if mode == 0 else i64
         consts = {"MODE": mode, "BLOCK": block, "SUB": sub}
-        ptrs = {"src": src, "hist": "*i32"}
+        ptrs = {"src": src, "dest32": "*i32", "hist": "*i32"}
         yield f"dispatch.count mode={mode} BLOCK={block}", dispatch._count_kernel, ptrs, consts
-        for copy, local in ((True, mode > 0), (False, False)):
-            ptrs = {"src": src, "values": i64, "base": i64, "positions": i64, "send": i64}
-            c = consts | {"COPY": copy, "LOCAL": local}
+        place = {"BLOCK": block, "SUB": sub}
+        for local_mode, (words, wtype) in ((mode, (1, i64)), (0, (64, i64)), (0, (3, "*i16"))):
+            ptrs = {"dest32": "*i32", "cum": i64, "hist": "*i32", "positions": i64,
+                    "values": wtype, "send": wtype}  # fmt: skip
+            c = place | {"LOCAL_MODE": local_mode, "BLOCK_W": dispatch.next_pow2(words)}
             yield (
-                f"dispatch.place mode={mode} BLOCK={block} copy={copy}",
+                f"dispatch.place LOCAL_MODE={local_mode} BLOCK={block} words={words}",
                 dispatch._place_kernel,
                 ptrs,
                 c,

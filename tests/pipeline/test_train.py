@@ -128,7 +128,7 @@ def test_train_cli_prints_a_json_summary(tmp_path):
     trace = json.loads((tmp_path / "trace.json").read_text())
     names = {e.get("name", "") for e in trace["traceEvents"]}
     assert any("ProfilerStep#2" in n for n in names), sorted(names)[:20]
-    assert (tmp_path / "trace.json.rank1").exists()
+    assert (tmp_path / "trace.rank1.json").exists()  # one file per rank
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["steps"] == 6 and summary["world_size"] == 2
     assert set(summary["exposed_comm_ms"]) >= {"ids_a2a", "emb_a2a", "grad_a2a", "dense_allreduce"}
