@@ -1,36 +1,48 @@
 #!/usr/bin/env bash
 # One scripted GPU session on an H200 machine (no network, no installs):
-#   bash benchmarks/gpu_session.sh <part> [results-dir]
-# parts: check (GPU tests), embedding (1 and 2 GPUs), kernels (1 GPU), baseline (2 GPUs)
-# Everything runs from the checkout (PYTHONPATH), logs go to the results dir.
+#   bash benchmarks/gpu_session.sh <results-dir> <part> [<part> ...]
+# parts: check (GPU tests), kernels (1 GPU), embedding (2 GPUs),
+#   scaling21k / scaling8k (world sizes 2 and 4 when the machine has them:
+#   none/fbs/cost at batch 128, 60 steps), straggler (2 GPUs, Fig. 8 sweep).
+# Everything runs from the checkout (PYTHONPATH). Sweep outputs are packed
+# into one .tgz per part (the device returns at most 8 files).
 set -uo pipefail
-part=$1
-out=${2:-${OUT:-benchmarks/results}}
+out=$1; shift
 mkdir -p "$out"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 # NVLink multicast stays off (machine policy); keep whatever the machine set.
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
 ngpu=$(python3 -c 'import torch; print(torch.cuda.device_count())')
-echo "== $part on $ngpu GPU(s): $(python3 -c 'import torch,triton; print(torch.__version__, "triton", triton.__version__, torch.cuda.get_device_name(0))')"
-case $part in
-  check)
-    timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests "${@:3}" 2>&1 | tee "$out/gpu_tests.log" | tail -25
-    ;;
-  embedding)
-    timeout 200 torchrun --standalone --nproc-per-node 1 benchmarks/embedding.py \
-      --out "$out/embedding_1xH200.md" 2>&1 | tail -25
-    if [ "$ngpu" -ge 2 ]; then
-      timeout 240 torchrun --standalone --nproc-per-node 2 benchmarks/embedding.py \
-        --out "$out/embedding_2xH200.md" 2>&1 | tail -25
-    fi
-    ;;
-  kernels)
-    timeout 300 python3 benchmarks/kernels.py --out "$out/kernels_1xH200.md" 2>&1 | tail -40
-    ;;
-  baseline)
-    timeout 560 python3 benchmarks/train_baseline.py --preset h200-21k --nproc 2 \
-      --max-uih 8000,21000 --batch 32,128 --modes sync,sdd --steps 30 --warmup 8 \
-      --out "$out/train-baseline-2xH200" 2>&1 | grep -v Warning | tail -20
-    ;;
-  *) echo "unknown part $part" >&2; exit 2 ;;
-esac
+sizes=2; [ "$ngpu" -ge 4 ] && sizes=2,4; [ "$ngpu" -ge 8 ] && sizes=2,4,8
+echo "== $* on $ngpu GPU(s): $(python3 -c 'import torch,triton; print(torch.__version__, "triton", triton.__version__, torch.cuda.get_device_name(0))')"
+pack() {  # $1: sweep output stem; keeps JSON lines and rank-0 traces
+  local d; d=$(dirname "$1"); local s; s=$(basename "$1")
+  rm -f "$d/$s-steps/"*.rank[1-9]*.json.gz
+  tar czf "$1.tgz" -C "$d" "$s.md" "$s.json" "$s-steps" $( [ -f "$1.png" ] && echo "$s.png" )
+  rm -rf "$1-steps" "$1.json"
+}
+for part in "$@"; do
+  case $part in
+    check)
+      timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 \
+        | tee "$out/gpu_tests.log" | tail -8 ;;
+    kernels)
+      timeout 200 python3 benchmarks/kernels.py --out "$out/kernels_1xH200.md" 2>&1 \
+        | grep -E "^target|copy bandwidth" ;;
+    embedding)
+      timeout 200 torchrun --standalone --nproc-per-node 2 benchmarks/embedding.py \
+        --out "$out/embedding_2xH200.md" 2>&1 | grep -v Warning | tail -12 ;;
+    scaling21k|scaling8k)
+      uih=21000; [ "$part" = scaling8k ] && uih=8000
+      timeout 590 python3 benchmarks/scaling.py --preset h200-21k --nproc "$sizes" \
+        --max-uih $uih --batch 128 --balance none,fbs,cost --steps 60 --warmup 10 \
+        --trace-steps 40-41 --out "$out/$part" 2>&1 | grep "^\[" ;
+      pack "$out/$part" ;;
+    straggler)
+      timeout 590 python3 benchmarks/straggler.py --preset h200-21k --nproc 2 \
+        --max-uih 2000,8000,21000 --batch 32,128 --balance none,fbs,vbs,cost \
+        --steps 40 --warmup 10 --out "$out/straggler" 2>&1 | grep "^\[" ;
+      pack "$out/straggler" ;;
+    *) echo "unknown part $part" >&2; exit 2 ;;
+  esac
+done

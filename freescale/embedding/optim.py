@@ -71,6 +71,9 @@ class SGD(_Base):
     ) -> Tensor:
         return w - lr * g
 
+    def kernel_spec(self) -> dict:
+        return {"kind": "sgd"}
+
 
 @dataclass(frozen=True)
 class RowwiseAdagrad(_Base):
@@ -95,6 +98,9 @@ class RowwiseAdagrad(_Base):
         s = state["sum_sq"] + (g * g).mean(dim=1)
         state["sum_sq"] = s
         return w - lr * g / (s.sqrt().unsqueeze(1) + self.eps)
+
+    def kernel_spec(self) -> dict:
+        return {"kind": "rowwise_adagrad", "eps": self.eps}
 
 
 @dataclass(frozen=True)
@@ -126,6 +132,9 @@ class Adam(_Base):
         state["exp_avg"], state["exp_avg_sq"] = m, v
         denom = (v / bc[1]).sqrt() + self.eps
         return w - lr * (m / bc[0]) / denom
+
+    def kernel_spec(self) -> dict:
+        return {"kind": "adam", "eps": self.eps, "betas": (self.beta1, self.beta2)}
 
 
 OptimizerConfig = SGD | RowwiseAdagrad | Adam

@@ -26,6 +26,7 @@ from freescale.embedding.config import TableConfig
 from freescale.embedding.optim import OptimizerConfig, Scalar, apply_rows, make_state
 from freescale.embedding.sharding import RowSharding
 from freescale.kernels import gather_rows
+from freescale.kernels.backend import choose_impl, triton_module
 
 _KIND_CODE = {"block": 0, "hashed": 1}
 
@@ -58,6 +59,7 @@ class ShardStore(nn.Module):
         for name, t in state.items():
             self.register_buffer(name, t, persistent=False)
         self.register_buffer("steps", torch.zeros(len(tables), dtype=torch.int64), persistent=False)
+        self._host_steps = [0] * len(tables)  # mirror of ``steps``: lr needs no device read
         self.register_buffer("frozen_slots", self._padding_slots(device), persistent=False)
 
     # ---- construction --------------------------------------------------------
@@ -91,6 +93,10 @@ class ShardStore(nn.Module):
         """One optimizer step of ``tables`` with shard-major gradients of ``slots``."""
         for t in sorted(set(tables)):
             self.steps[t] += 1
+            self._host_steps[t] += 1
+        if choose_impl(None, self.weight.device) == "triton":
+            self._apply_fused(slots, grads)
+            return
         rows, summed = sum_duplicates(slots, grads)
         if self.frozen_slots.numel():
             keep = ~torch.isin(rows, self.frozen_slots)
@@ -98,13 +104,38 @@ class ShardStore(nn.Module):
         lr, bc = self._step_scalars(rows)
         apply_rows(self.optimizer, self.weight, self.optimizer_state(), rows, summed, lr, bc)
 
+    def _apply_fused(self, slots: Tensor, grads: Tensor) -> None:
+        """The GPU path: sums and update in Triton, with no host read-back (a
+        device-to-host read here would stall the host in the middle of backward)."""
+        per_table = self._per_table_scalars()
+        if len(set(per_table)) == 1:
+            lr, b1, b2 = per_table[0]
+            scalars: dict[str, Any] = {"lr": lr, "bc": (b1, b2)}
+        else:
+            cols = torch.tensor(per_table, dtype=torch.float32).t().to(self.weight.device)
+            bounds = torch.tensor(self.starts[1:], dtype=torch.int64, device=self.weight.device)
+            scalars = {"lr": cols[0], "bc": (cols[1], cols[2]), "table_bounds": bounds}
+        triton_module("update").sparse_update(
+            self.weight,
+            list(self.optimizer_state().values()),
+            slots,
+            grads,
+            frozen=self.frozen_slots,
+            **self.optimizer.kernel_spec(),
+            **scalars,
+        )
+
     def optimizer_state(self) -> dict[str, Tensor]:
         return {name: getattr(self, name) for name in self.state_names}
 
+    def _per_table_scalars(self) -> list[tuple[float, float, float]]:
+        """(lr, bias correction 1, bias correction 2) of every table's current step."""
+        steps = [max(s, 1) for s in self._host_steps]
+        return [(self.optimizer.lr_at(s), *self.optimizer.bias_corrections(s)) for s in steps]
+
     def _step_scalars(self, rows: Tensor) -> tuple[Scalar, tuple[Scalar, Scalar]]:
         """lr and bias corrections: floats when all tables agree, else per-row columns."""
-        steps = [max(int(s), 1) for s in self.steps.tolist()]
-        per_table = [(self.optimizer.lr_at(s), *self.optimizer.bias_corrections(s)) for s in steps]
+        per_table = self._per_table_scalars()
         if len(set(per_table)) == 1:
             lr, b1, b2 = per_table[0]
             return lr, (b1, b2)
@@ -171,6 +202,7 @@ class ShardStore(nn.Module):
             elif src.data_ptr() != target.data_ptr():
                 with torch.no_grad():
                     target.copy_(src)
+        self._host_steps = [int(s) for s in self.steps.tolist()]
         # A store has no children: every other key under its prefix is foreign
         # (e.g. another rank's shard).
         ours = {self._key(prefix, n) for n in tensors}

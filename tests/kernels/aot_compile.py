@@ -28,6 +28,7 @@ import freescale.kernels.triton_common as common
 import freescale.kernels.triton_dispatch as dispatch
 import freescale.kernels.triton_permute as permute
 import freescale.kernels.triton_rows as rows
+import freescale.kernels.triton_update as update
 
 Variant = tuple[str, object, dict, dict[str, object]]
 
@@ -90,6 +91,19 @@ def variants(quick: bool = False) -> Iterator[Variant]:
         ptrs = {"ids": dtype, "owner": i64, "local": dtype}
         consts = {"HASHED": hashed, "BLOCK": bucketize.BLOCK}
         yield f"bucketize {dtype} hashed={hashed}", bucketize._bucketize_kernel, ptrs, consts
+    for gtype in ("*fp32", "*bf16"):
+        ptrs = {"order": i64, "flag": "*i8", "grads": gtype, "partial": "*fp32"}
+        consts = {"CHUNK": update.CHUNK, "BLOCK_D": 256}
+        yield f"update.chunk_sums {gtype}", update._chunk_sums_kernel, ptrs, consts
+    for (kind, code), wtype, per_row in itertools.product(
+        update.KINDS.items(), ("*fp32", "*bf16"), (False, True)
+    ):
+        ptrs = {"rows": i64, "start": i64, "partial": "*fp32", "weight": wtype,
+                "state1": "*fp32", "state2": "*fp32", "lr_rows": "*fp32", "b1_rows": "*fp32",
+                "b2_rows": "*fp32", "lr": "fp32", "bc1": "fp32", "bc2": "fp32", "eps": "fp32",
+                "beta1": "fp32", "beta2": "fp32", "D_f": "fp32"}  # fmt: skip
+        consts = {"KIND": code, "PER_ROW": per_row, "CHUNK": update.CHUNK, "BLOCK_D": 256}
+        yield f"update.apply {kind} {wtype} per_row={per_row}", update._apply_kernel, ptrs, consts
     for dtype in ("*i32", i64):
         ptrs = {"now": dtype, "nxt": dtype, "now_to_next": i64, "next_to_now": i64}
         consts = {"BLOCK": collision.BLOCK}

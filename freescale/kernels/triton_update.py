@@ -1,0 +1,201 @@
+"""Triton sparse row update: duplicate-gradient sums and the optimizer step, no host sync.
+
+Reference: `freescale.embedding._ops.sum_duplicates` then
+`freescale.embedding.optim.apply_rows`. That path asks the host for the
+number of unique rows (and for the longest run, to chunk hot rows), so the
+host waits for the GPU in the middle of backward. Here every size is the
+number of received ids ``N``, known on the host; the unique count stays on the
+device and programs beyond it do nothing:
+
+1. torch: stable sort of the slots; ``flag[p]`` marks the first of each run of
+   equal slots, ``seg = cumsum(flag) - 1`` numbers the runs; ``rows[seg]`` is
+   the run's slot and ``start[seg]`` its first position (``-1`` / ``N`` past
+   the last run);
+2. ``chunk_sums``: positions are cut into chunks of ``CHUNK``; each program
+   adds, in position order, the gradient rows of every piece of a run inside
+   its chunk and writes the piece sum at the piece's first position;
+3. ``apply``: one program per run adds its piece sums in position order (one
+   per chunk the run touches, so a hot row of a million duplicates costs
+   ``1e6 / CHUNK`` adds) and applies the optimizer to that row in fp32.
+
+Every sum runs in a fixed order that depends only on the slots: bitwise
+reproducible. It differs from the reference's chunking, so the two agree to
+rounding, not bitwise.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from freescale.kernels.triton_common import cdiv, check_launchable, next_pow2
+
+CHUNK = 32
+KINDS = {"sgd": 0, "rowwise_adagrad": 1, "adam": 2}
+
+
+# ---- kernels --------------------------------------------------------------
+@triton.jit
+def _chunk_sums_kernel(
+    order, flag, grads, partial, n, D, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr
+):
+    p0 = tl.program_id(0).to(tl.int64) * CHUNK
+    cols = tl.arange(0, BLOCK_D)
+    cm = cols < D
+    acc = tl.full([BLOCK_D], 0.0, tl.float32)
+    start = p0
+    for k in range(CHUNK):
+        p = p0 + k
+        valid = p < n
+        new_piece = (k > 0) & valid & (tl.load(flag + p, mask=valid, other=0) != 0)
+        if new_piece:
+            tl.store(partial + start * D + cols, acc, mask=cm)
+            acc = tl.full([BLOCK_D], 0.0, tl.float32)
+            start = p
+        src = tl.load(order + p, mask=valid, other=0)
+        acc += tl.load(grads + src * D + cols, mask=cm & valid, other=0.0).to(tl.float32)
+    tl.store(partial + start * D + cols, acc, mask=cm)
+
+
+@triton.jit
+def _apply_kernel(
+    rows,
+    start,
+    partial,
+    weight,
+    state1,
+    state2,
+    lr_rows,
+    b1_rows,
+    b2_rows,
+    lr,
+    bc1,
+    bc2,
+    eps,
+    beta1,
+    beta2,
+    D,
+    D_f,
+    KIND: tl.constexpr,
+    PER_ROW: tl.constexpr,
+    CHUNK: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    u = tl.program_id(0).to(tl.int64)
+    r = tl.load(rows + u)
+    if r >= 0:
+        cols = tl.arange(0, BLOCK_D)
+        cm = cols < D
+        p0 = tl.load(start + u)
+        p1 = tl.load(start + u + 1)
+        g = tl.load(partial + p0 * D + cols, mask=cm, other=0.0)
+        p = (p0 // CHUNK + 1) * CHUNK
+        while p < p1:
+            g += tl.load(partial + p * D + cols, mask=cm, other=0.0)
+            p += CHUNK
+        if PER_ROW:
+            lr = tl.load(lr_rows + u)
+            bc1 = tl.load(b1_rows + u)
+            bc2 = tl.load(b2_rows + u)
+        wp = weight + r * D + cols
+        w = tl.load(wp, mask=cm, other=0.0).to(tl.float32)
+        if KIND == 0:
+            w = w - lr * g
+        elif KIND == 1:
+            s = tl.load(state1 + r) + tl.div_rn(tl.reduce(g * g, 0, _add), D_f)
+            tl.store(state1 + r, s)
+            w = w - tl.div_rn(lr * g, tl.sqrt_rn(s) + eps)
+        else:
+            m = beta1 * tl.load(state1 + r * D + cols, mask=cm) + (1.0 - beta1) * g
+            v = beta2 * tl.load(state2 + r * D + cols, mask=cm) + (1.0 - beta2) * (g * g)
+            tl.store(state1 + r * D + cols, m, mask=cm)
+            tl.store(state2 + r * D + cols, v, mask=cm)
+            denom = tl.sqrt_rn(tl.div_rn(v, bc2)) + eps
+            w = w - tl.div_rn(lr * tl.div_rn(m, bc1), denom)
+        tl.store(wp, w.to(weight.dtype.element_ty), mask=cm)
+
+
+@triton.jit
+def _add(a, b):
+    return a + b
+
+
+# ---- launcher -------------------------------------------------------------
+def sparse_update(
+    weight: Tensor,
+    state: list[Tensor],
+    slots: Tensor,
+    grads: Tensor,
+    kind: str,
+    lr: float | Tensor,
+    bc: tuple[float | Tensor, float | Tensor],
+    eps: float = 0.0,
+    betas: tuple[float, float] = (0.0, 0.0),
+    frozen: Tensor | None = None,
+    table_bounds: Tensor | None = None,
+) -> None:
+    """``weight[slot] -= optimizer(sum of grads of slot)`` for every received slot.
+
+    ``state``: the optimizer's fp32 state tensors in `KINDS` order (none for
+    SGD, the per-row accumulator for row-wise Adagrad, the two moments for
+    Adam). ``lr``/``bc``: floats, or per-table ``[T]`` tensors; then a slot's
+    table is found by bucketizing it into ``table_bounds`` (the first slot of
+    every table but the first). ``frozen``: slots never updated (padding rows).
+    """
+    n, D = grads.shape[0], weight.shape[1]
+    if n == 0:
+        return
+    check_launchable(_apply_kernel, weight.device)
+    sorted_slots, order = torch.sort(slots, stable=True)
+    flag = torch.ones(n, dtype=torch.int8, device=slots.device)
+    flag[1:] = sorted_slots[1:] != sorted_slots[:-1]
+    seg = torch.cumsum(flag, 0) - 1
+    rows = torch.full((n,), -1, dtype=torch.int64, device=slots.device)
+    rows.scatter_(0, seg, sorted_slots)  # every position of a run writes the same slot
+    start = torch.full((n + 1,), n, dtype=torch.int64, device=slots.device)
+    positions = torch.arange(n, device=slots.device)
+    start.scatter_(0, torch.where(flag.bool(), seg, n), positions)  # non-first -> slot n
+    start[n] = n
+    if frozen is not None and frozen.numel():
+        rows = torch.where(torch.isin(rows, frozen), -1, rows)
+    partial = torch.empty((n, D), dtype=torch.float32, device=slots.device)
+    BLOCK_D = next_pow2(D)
+    _chunk_sums_kernel[(cdiv(n, CHUNK),)](
+        order, flag, grads.contiguous(), partial, n, D, CHUNK=CHUNK, BLOCK_D=BLOCK_D
+    )
+    per_row = isinstance(lr, Tensor)
+    if per_row:
+        assert table_bounds is not None, "per-table lr needs table_bounds"
+        t = torch.bucketize(rows.clamp(min=0), table_bounds, right=True)
+        lr_rows, b1_rows, b2_rows = (x.to(torch.float32)[t] for x in (lr, *bc))
+        lr_s = b1_s = b2_s = 1.0
+    else:
+        lr_rows = b1_rows = b2_rows = rows  # unused
+        lr_s, b1_s, b2_s = float(lr), float(bc[0]), float(bc[1])
+    s1 = state[0] if state else weight
+    s2 = state[1] if len(state) > 1 else weight
+    _apply_kernel[(n,)](
+        rows,
+        start,
+        partial,
+        weight,
+        s1,
+        s2,
+        lr_rows,
+        b1_rows,
+        b2_rows,
+        lr_s,
+        b1_s,
+        b2_s,
+        float(eps),
+        float(betas[0]),
+        float(betas[1]),
+        D,
+        float(D),
+        KIND=KINDS[kind],
+        PER_ROW=per_row,
+        CHUNK=CHUNK,
+        BLOCK_D=BLOCK_D,
+    )
