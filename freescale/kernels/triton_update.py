@@ -82,6 +82,7 @@ def _apply_kernel(
     PER_ROW: tl.constexpr,
     CHUNK: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    FAN: tl.constexpr,
 ):
     u = tl.program_id(0).to(tl.int64)
     r = tl.load(rows + u)
@@ -91,10 +92,20 @@ def _apply_kernel(
         p0 = tl.load(start + u)
         p1 = tl.load(start + u + 1)
         g = tl.load(partial + p0 * D + cols, mask=cm, other=0.0)
+        # The other pieces sit at the chunk starts inside the run; a hot row has
+        # many: load FAN of them at once (a chain of single loads would pay the
+        # memory latency once per piece) and add the tile's sum.
         p = (p0 // CHUNK + 1) * CHUNK
+        k = tl.arange(0, FAN)
         while p < p1:
-            g += tl.load(partial + p * D + cols, mask=cm, other=0.0)
-            p += CHUNK
+            q = p + k * CHUNK
+            tile = tl.load(
+                partial + q[:, None] * D + cols[None, :],
+                mask=(q < p1)[:, None] & cm[None, :],
+                other=0.0,
+            )
+            g += tl.reduce(tile, 0, _add)
+            p += FAN * CHUNK
         if PER_ROW:
             lr = tl.load(lr_rows + u)
             bc1 = tl.load(b1_rows + u)
@@ -123,6 +134,11 @@ def _add(a, b):
 
 
 # ---- launcher -------------------------------------------------------------
+def fan(block_d: int) -> int:
+    """Pieces a hot row's program loads at once: a tile of about 4K floats."""
+    return max(1, 4096 // block_d)
+
+
 def sparse_update(
     weight: Tensor,
     state: list[Tensor],
@@ -154,10 +170,11 @@ def sparse_update(
     seg = torch.cumsum(flag, 0) - 1
     rows = torch.full((n,), -1, dtype=torch.int64, device=slots.device)
     rows.scatter_(0, seg, sorted_slots)  # every position of a run writes the same slot
-    start = torch.full((n + 1,), n, dtype=torch.int64, device=slots.device)
+    # start[u]: first position of run u; runs past the last one start at n. Later
+    # positions of a run write to the spare slot n + 1.
+    start = torch.full((n + 2,), n, dtype=torch.int64, device=slots.device)
     positions = torch.arange(n, device=slots.device)
-    start.scatter_(0, torch.where(flag.bool(), seg, n), positions)  # non-first -> slot n
-    start[n] = n
+    start.scatter_(0, torch.where(flag.bool(), seg, n + 1), positions)
     if frozen is not None and frozen.numel():
         rows = torch.where(torch.isin(rows, frozen), -1, rows)
     partial = torch.empty((n, D), dtype=torch.float32, device=slots.device)
@@ -198,4 +215,5 @@ def sparse_update(
         PER_ROW=per_row,
         CHUNK=CHUNK,
         BLOCK_D=BLOCK_D,
+        FAN=fan(BLOCK_D),
     )

@@ -73,13 +73,17 @@ def variants(quick: bool = False) -> Iterator[Variant]:
         block = dispatch.block_size(world)
         sub = max(1, min(block, dispatch.TILE // block))
         src = "*i32" if mode == 0 else i64
-        consts = {"MODE": mode, "BLOCK": block, "SUB": sub}
+        consts = {"HAVE_DEST32": mode != 0, "BLOCK": block, "SUB": sub}
         ptrs = {"src": src, "dest32": "*i32", "hist": "*i32"}
         yield f"dispatch.count mode={mode} BLOCK={block}", dispatch._count_kernel, ptrs, consts
+        if mode:
+            ptrs = {"src": src, "dest32": "*i32"}
+            consts = {"MODE": mode, "BLOCK": dispatch.OWNER_BLOCK}
+            yield f"dispatch.owners mode={mode}", dispatch._owners_kernel, ptrs, consts
         place = {"BLOCK": block, "SUB": sub}
         for local_mode, (words, wtype) in ((mode, (1, i64)), (0, (64, i64)), (0, (3, "*i16"))):
             ptrs = {"dest32": "*i32", "cum": i64, "hist": "*i32", "positions": i64,
-                    "values": wtype, "send": wtype}  # fmt: skip
+                    "values": wtype, "send": wtype, "offsets": i64, "counts": i64}  # fmt: skip
             c = place | {"LOCAL_MODE": local_mode, "BLOCK_W": dispatch.next_pow2(words)}
             yield (
                 f"dispatch.place LOCAL_MODE={local_mode} BLOCK={block} words={words}",
@@ -102,7 +106,13 @@ def variants(quick: bool = False) -> Iterator[Variant]:
                 "state1": "*fp32", "state2": "*fp32", "lr_rows": "*fp32", "b1_rows": "*fp32",
                 "b2_rows": "*fp32", "lr": "fp32", "bc1": "fp32", "bc2": "fp32", "eps": "fp32",
                 "beta1": "fp32", "beta2": "fp32", "D_f": "fp32"}  # fmt: skip
-        consts = {"KIND": code, "PER_ROW": per_row, "CHUNK": update.CHUNK, "BLOCK_D": 256}
+        consts = {
+            "KIND": code,
+            "PER_ROW": per_row,
+            "CHUNK": update.CHUNK,
+            "BLOCK_D": 256,
+            "FAN": 16,
+        }
         yield f"update.apply {kind} {wtype} per_row={per_row}", update._apply_kernel, ptrs, consts
     for dtype in ("*i32", i64):
         ptrs = {"now": dtype, "nxt": dtype, "now_to_next": i64, "next_to_now": i64}
