@@ -3,7 +3,8 @@
 #   bash benchmarks/gpu_session.sh <results-dir> <part> [<part> ...]
 # parts: check (GPU tests), kernels (1 GPU), embedding (2 GPUs),
 #   scaling21k / scaling8k (world sizes 2 and 4 when the machine has them:
-#   none/fbs/cost at batch 128, 60 steps), straggler (2 GPUs, Fig. 8 sweep).
+#   none/fbs/cost at batch 128, 60 steps), sdd21k (the same in sdd mode, 2 GPUs),
+#   straggler21k (2 GPUs, batch 32 and 128, none/fbs/vbs/cost).
 # Everything runs from the checkout (PYTHONPATH). Sweep outputs are packed
 # into one .tgz per part (the device returns at most 8 files).
 set -uo pipefail
@@ -38,11 +39,16 @@ for part in "$@"; do
         --max-uih $uih --batch 128 --balance none,fbs,cost --steps 60 --warmup 10 \
         --trace-steps 40-41 --out "$out/$part" 2>&1 | grep "^\[" ;
       pack "$out/$part" ;;
-    straggler)
+    sdd21k)
+      timeout 590 python3 benchmarks/scaling.py --preset h200-21k --nproc 2 --modes sdd \
+        --max-uih 21000 --batch 128 --balance none,fbs,cost --steps 60 --warmup 10 \
+        --trace-steps 40-41 --out "$out/$part" 2>&1 | grep "^\[" ;
+      pack "$out/$part" ;;
+    straggler21k)
       timeout 590 python3 benchmarks/straggler.py --preset h200-21k --nproc 2 \
-        --max-uih 2000,8000,21000 --batch 32,128 --balance none,fbs,vbs,cost \
-        --steps 40 --warmup 10 --out "$out/straggler" 2>&1 | grep "^\[" ;
-      pack "$out/straggler" ;;
+        --max-uih 21000 --batch 32,128 --balance none,fbs,vbs,cost \
+        --steps 60 --warmup 10 --trace-steps 40-41 --out "$out/$part" 2>&1 | grep "^\[" ;
+      pack "$out/$part" ;;
     *) echo "unknown part $part" >&2; exit 2 ;;
   esac
 done

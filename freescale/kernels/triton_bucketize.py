@@ -43,7 +43,7 @@ def owner_and_local(x, W, rows_per_rank, HASHED: tl.constexpr):
     return owner, local
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _bucketize_kernel(
     ids, owner, local, n, W, rows_per_rank, HASHED: tl.constexpr, BLOCK: tl.constexpr
 ):

@@ -52,7 +52,7 @@ def _find(needles, hay, out, i, n_needles, n_hay, n_steps):
     tl.store(out + i, tl.where(hit, lo, -1), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_now", "n_next", "steps_next", "steps_now", "blocks_now"])
 def _collision_kernel(
     now,
     nxt,

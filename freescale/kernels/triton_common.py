@@ -18,6 +18,11 @@ next_pow2 = triton.next_power_of_2
 _WORDS = ((8, torch.int64), (4, torch.int32), (2, torch.int16), (1, torch.uint8))
 
 
+# Sizes that change every step (row counts, ...) are ``do_not_specialize``:
+# Triton would otherwise compile a variant the first time such a size is
+# divisible by 16 (or equals 1), a ~100 ms stall inside some later step.
+
+
 # Kernels use only Triton's builtins and the jit helpers of this package, never
 # the jit functions of `triton.language.standard` (tl.zeros, tl.sum, ...): those
 # are decorated when Triton is first imported, and a library that imports

@@ -82,14 +82,14 @@ def _in_block(dest32, block, i, di, n, BLOCK: tl.constexpr, SUB: tl.constexpr):
     return total, before
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _owners_kernel(src, dest32, n, W, rows_per_rank, MODE: tl.constexpr, BLOCK: tl.constexpr):
     """``dest32[i]`` = owner of id ``src[i]`` (-1 outside ``[0, W)``)."""
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     tl.store(dest32 + i, _load_dest(src, i, i < n, W, rows_per_rank, MODE), mask=i < n)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n", "n_blocks"])
 def _count_kernel(
     src,
     dest32,
@@ -118,7 +118,7 @@ def _count_kernel(
     tl.store(hist + di.to(tl.int64) * n_blocks + block, total, mask=first)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n", "n_blocks"])
 def _place_kernel(
     dest32,
     cum,

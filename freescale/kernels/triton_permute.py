@@ -60,7 +60,7 @@ def _copy_features(srcs, dsts, src_rows, dst_rows, mask, W, BLOCK_W: tl.constexp
         copy_rows(srcs[f], dsts[f], src_rows, dst_rows, mask, W, BLOCK_W)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_segs", "total", "n_steps"])
 def _permute_rows_kernel(src_offsets, dst_offsets, indices, n_segs, total, n_steps, R, C, W,
                          srcs, dsts, MODE: tl.constexpr, BLOCK_R: tl.constexpr,
                          BLOCK_W: tl.constexpr):  # fmt: skip
@@ -81,7 +81,7 @@ def _permute_rows_kernel(src_offsets, dst_offsets, indices, n_segs, total, n_ste
     _copy_features(srcs, dsts, src_rows, rows, mask, W, BLOCK_W)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_segs", "total", "n_steps"])
 def _permute_segments_kernel(src_offsets, dst_offsets, indices, n_segs, total, n_steps, R, C,
                              W, srcs, dsts, MODE: tl.constexpr, BLOCK_R: tl.constexpr,
                              BLOCK_W: tl.constexpr):  # fmt: skip

@@ -31,7 +31,7 @@ from freescale.kernels.triton_common import (
 
 
 # ---- kernel ---------------------------------------------------------------
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _move_rows_kernel(
     src, dst, index, n, W, GATHER: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr
 ):

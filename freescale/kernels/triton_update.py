@@ -37,7 +37,7 @@ KINDS = {"sgd": 0, "rowwise_adagrad": 1, "adam": 2}
 
 
 # ---- kernels --------------------------------------------------------------
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _chunk_sums_kernel(
     order, flag, grads, partial, n, D, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr
 ):

@@ -38,7 +38,10 @@ def normalized_entropy(bce_sum: float, positives: float, count: float) -> float:
 
 
 @torch.no_grad()
+def bce_total(logits: Tensor, labels: Tensor) -> Tensor:
+    """Summed BCE as a 0-d device tensor (read it later: no host sync now)."""
+    return F.binary_cross_entropy_with_logits(logits.float(), labels.float(), reduction="sum")
+
+
 def bce_sum(logits: Tensor, labels: Tensor) -> float:
-    return float(
-        F.binary_cross_entropy_with_logits(logits.float(), labels.float(), reduction="sum")
-    )
+    return float(bce_total(logits, labels))

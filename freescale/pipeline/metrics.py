@@ -62,14 +62,15 @@ class RankStep:
         return torch.tensor(values, dtype=torch.float64, device=device)
 
 
-def gather_step(local: RankStep, device: torch.device) -> torch.Tensor:
-    """``[world, fields]`` of every rank's numbers (one small all_gather)."""
-    vec = local.vector(device)
+def gather_step(local: RankStep, group: Any = None) -> torch.Tensor:
+    """``[world, fields]`` of every rank's numbers: one small all_gather over
+    ``group``, a gloo group, so that metrics never wait for the GPU."""
+    vec = local.vector(torch.device("cpu"))
     if not dist.is_initialized() or dist.get_world_size() == 1:
-        return vec.unsqueeze(0).cpu()
+        return vec.unsqueeze(0)
     out = [torch.empty_like(vec) for _ in range(dist.get_world_size())]
-    dist.all_gather(out, vec)
-    return torch.stack(out).cpu()
+    dist.all_gather(out, vec, group=group)
+    return torch.stack(out)
 
 
 def summarize_step(step: int, table: torch.Tensor) -> dict[str, Any]:

@@ -65,16 +65,23 @@ class SectionTimer:
         mark = self._now()
         return self.seq, mark
 
-    def read_ms(self) -> dict[str, float]:
-        """Total milliseconds per section name; synchronizes CUDA events."""
+    def take(self) -> list[tuple[str, object, object]]:
+        """End the step: its sections, to be read (`read_ms`) once its events are done."""
+        taken, self._open = self._open, []
+        return taken
+
+    def read_ms(self, taken: list[tuple[str, object, object]] | None = None) -> dict[str, float]:
+        """Total milliseconds per section name of ``taken`` (default: the open
+        step, which it ends); waits for the CUDA events."""
+        if taken is None:
+            taken = self.take()
         totals: dict[str, float] = defaultdict(float)
-        for name, start, end in self._open:
+        for name, start, end in taken:
             if self.cuda:
                 end.synchronize()  # type: ignore[attr-defined]
                 totals[name] += start.elapsed_time(end)  # type: ignore[attr-defined]
             else:
                 totals[name] += (end - start) * 1000.0  # type: ignore[operator]
-        self._open.clear()
         return dict(totals)
 
 

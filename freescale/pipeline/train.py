@@ -9,17 +9,21 @@ Modes (all produce identical numbers):
 
 from __future__ import annotations
 
+import math
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import Tensor
 
 from freescale.comm import TorchCommunicator
 from freescale.embedding import swap
 from freescale.jagged.batch import SampleBatch
-from freescale.models.loss import bce_loss, bce_sum, normalized_entropy
+from freescale.models.loss import bce_loss, bce_sum, bce_total, normalized_entropy
 from freescale.models.sequence import SequenceModel
 from freescale.pipeline.balancing import BalanceStage, Feed, host_lengths
 from freescale.pipeline.config import TrainConfig, trace_window
@@ -36,6 +40,36 @@ from freescale.pipeline.setup import (
 from freescale.pipeline.timing import SectionTimer, exposed_by_category
 
 EVAL_STEP_OFFSET = 10_000_000  # held-out synthetic samples: far from any training step
+
+
+def read_later(t: Tensor) -> Callable[[], list[float]]:
+    """``t``'s values, copied now without waiting and read when called.
+
+    Reading a device value at once would make the host wait for the GPU at
+    the end of every step, leaving the GPU idle while the next step launches.
+    """
+    if t.device.type != "cuda":
+        values = t.tolist()
+        return lambda: values
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record()
+    return lambda: (done.synchronize(), host.tolist())[1]
+
+
+@dataclass
+class StepRecord:
+    """What one step leaves for its metrics, which are read one step later."""
+
+    step: int
+    info: BatchInfo
+    values: Callable[[], list[float]]  # [bce sum] (+ [positives] if not in info)
+    sections: list
+    data_ms: float
+    t0: float
+    handle: Any
+    eval: dict[str, float] | None = None
 
 
 class Trainer:
@@ -60,6 +94,8 @@ class Trainer:
         if cfg.balance != "none":
             self.balance = BalanceStage(cfg.balance, self.comm, cfg.batch_size, self.timer.section)
         self.summary = RunSummary(cfg.warmup)
+        # Metrics travel over gloo: gathering them never waits for the GPU.
+        self.metrics_group = dist.new_group(backend="gloo") if self.world > 1 else None
         self.writer = JsonLines(cfg.metrics_path if self.rank == 0 else "")
 
     # ---- stages ------------------------------------------------------------
@@ -82,7 +118,7 @@ class Trainer:
             work.wait()
             return int(count.item())
 
-    def _train_step(self, batch: SampleBatch, info: BatchInfo, count_work: Any) -> float:
+    def _train_step(self, batch: SampleBatch, info: BatchInfo, count_work: Any) -> Tensor:
         global_count = self._global_count(info, count_work)
         with self.autocast:
             logits = self.dense.ddp(batch, max_uih=info.max_uih, max_candidates=info.max_candidates)
@@ -106,7 +142,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         if self.balance is not None:
             self.balance.collect()
-        return bce_sum(logits.detach(), batch.labels)
+        return bce_total(logits.detach(), batch.labels)
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
@@ -148,6 +184,7 @@ class Trainer:
         feed = Feed(loader, self.balance, cfg.steps)
         nxt = feed.take()
         next_count = self._prefetch(*nxt) if cfg.mode == "sdd" else None
+        pending: StepRecord | None = None
         for step in range(cfg.steps):
             step_start = self.timer.mark()
             t0 = time.perf_counter()
@@ -158,16 +195,22 @@ class Trainer:
                 next_count = self._prefetch(*nxt) if cfg.mode == "sdd" else None
             bce = self._train_step(batch, info, count_work)
             self.timer.add_interval("step", step_start, self.timer.mark())
-            record = self._metrics(step, batch, info, bce, feed.pop_data_ms(), t0)
-            if handle is not None:
-                self.balance.observe(record["compute_ms"], handle)
+            on_device = [bce.double()]
+            if math.isnan(info.positives):  # labels moved with the balanced samples
+                on_device.append(batch.labels.sum().double())
+            values = torch.stack(on_device)
+            record = StepRecord(
+                step, info, read_later(values), self.timer.take(), feed.pop_data_ms(), t0, handle
+            )
             if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
-                self.summary.evals.append({"step": step, **self.evaluate()})
-                record["eval_ne"] = self.summary.evals[-1]["ne"]
-            self.writer.write(record)
-            self._progress(step, record, start)
+                record.eval = {"step": step, **self.evaluate()}
+            if pending is not None:
+                self._finish_step(pending, start)
+            pending = record
             if profiler is not None:
                 profiler.step()
+        if pending is not None:
+            self._finish_step(pending, start)
         if profiler is not None:
             profiler.stop()
         self.writer.close()
@@ -181,34 +224,35 @@ class Trainer:
         }
         return self.summary.final(extra)
 
-    def _metrics(
-        self,
-        step: int,
-        batch: SampleBatch,
-        info: BatchInfo,
-        bce: float,
-        data_ms: float,
-        t0: float,
-    ) -> dict[str, Any]:
-        sections = self.timer.read_ms()
-        step_ms = sections.pop("step", (time.perf_counter() - t0) * 1000)  # includes data_ms
+    def _finish_step(self, rec: StepRecord, start: float) -> None:
+        """Metrics of a step, one step later (its events and values are done by then)."""
+        sections = self.timer.read_ms(rec.sections)
+        step_ms = sections.pop("step", (time.perf_counter() - rec.t0) * 1000)  # includes data_ms
         exposed = exposed_by_category(sections)
+        info = rec.info
+        bce, *counted = rec.values()
+        positives = counted[0] if counted else info.positives
         local = RankStep(
             step_ms=step_ms,
-            compute_ms=step_ms - sum(exposed.values()) - data_ms,
-            data_ms=data_ms,
+            compute_ms=step_ms - sum(exposed.values()) - rec.data_ms,
+            data_ms=rec.data_ms,
             exposed=exposed,
             bce_sum=bce,
-            positives=info.positives
-            if info.positives == info.positives  # not NaN
-            else float(batch.labels.sum()),
+            positives=positives,
             candidates=info.candidates,
             items=info.uih_tokens + info.candidates,
             samples=info.samples,
         )
-        record = summarize_step(step, gather_step(local, self.device))
+        record = summarize_step(rec.step, gather_step(local, self.metrics_group))
         self.summary.add(record)
-        return record
+        if rec.handle is not None:
+            assert self.balance is not None
+            self.balance.observe(record["compute_ms"], rec.handle)
+        if rec.eval is not None:
+            self.summary.evals.append(rec.eval)
+            record["eval_ne"] = rec.eval["ne"]
+        self.writer.write(record)
+        self._progress(rec.step, record, start)
 
     def _progress(self, step: int, record: dict[str, Any], start: float) -> None:
         if self.rank != 0 or not self.cfg.progress:
