@@ -15,14 +15,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import sweep
 
-
-def main() -> int:
-    defaults = {"nproc": "2,4,8", "max_uih": "8000,21000", "batch_size": "128",
-                "balance": "none,fbs,cost"}  # fmt: skip
-    p = sweep.parser(__doc__.split("\n\n")[0], defaults, "scaling")
-    sweep.run(p.parse_args(), "Scaling: straggler % and QPS vs world size")
-    return 0
+DEFAULTS = {
+    "nproc": "2,4,8",
+    "max_uih": "8000,21000",
+    "batch_size": "128",
+    "balance": "none,fbs,cost",
+}
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(
+        sweep.script(__doc__, DEFAULTS, "scaling", "Scaling: straggler % and QPS vs world size")
+    )

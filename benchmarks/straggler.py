@@ -16,14 +16,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import sweep
 
-
-def main() -> int:
-    defaults = {"max_uih": "2000,4000,8000,16000,21000", "batch_size": "32,64,128",
-                "balance": "none,fbs,vbs,cost"}  # fmt: skip
-    p = sweep.parser(__doc__.split("\n\n")[0], defaults, "straggler")
-    sweep.run(p.parse_args(), "Straggler % and step time vs load balancing")
-    return 0
+DEFAULTS = {
+    "max_uih": "2000,4000,8000,16000,21000",
+    "batch_size": "32,64,128",
+    "balance": "none,fbs,vbs,cost",
+}
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(
+        sweep.script(__doc__, DEFAULTS, "straggler", "Straggler % and step time vs load balancing")
+    )

@@ -88,6 +88,13 @@ def run(args: argparse.Namespace, title: str) -> list[dict]:
     return rows
 
 
+def script(doc: str, defaults: dict[str, str], out: str, title: str) -> int:
+    """The whole main() of a sweep script: its first doc paragraph, grid defaults,
+    output stem and report title."""
+    run(parser(doc.split("\n\n")[0], defaults, out).parse_args(), title)
+    return 0
+
+
 def trace_summary(path: Path) -> dict | None:
     """Rank 0's GPU idle time over the traced steps (None for a CPU run)."""
     from freescale.pipeline.trace import gpu_gaps, load_trace

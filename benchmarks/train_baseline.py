@@ -13,12 +13,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import sweep
 
-
-def main() -> int:
-    p = sweep.parser(__doc__.split("\n\n")[0], {"mode": "sync,sdd"}, "train-baseline")
-    sweep.run(p.parse_args(), "Baseline training: sync vs sdd")
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(
+        sweep.script(
+            __doc__, {"mode": "sync,sdd"}, "train-baseline", "Baseline training: sync vs sdd"
+        )
+    )
