@@ -22,7 +22,7 @@ from torch import Tensor
 from freescale.balance.routing import Routing
 from freescale.comm import Communicator, CompletedWork, Work
 from freescale.jagged import JaggedFeatures, SampleBatch
-from freescale.jagged.ops import gather_positions, lengths_to_offsets
+from freescale.jagged.ops import gather_positions, host_to_device, lengths_to_offsets
 from freescale.kernels import indexed_permute
 
 
@@ -46,21 +46,13 @@ def _values(jf: JaggedFeatures) -> int | None:
     return next(iter(jf.features.values())).shape[0] if jf.features else None
 
 
-def to_device(t: Tensor, device: torch.device) -> Tensor:
-    """A host tensor on ``device`` without blocking the host: a copy from
-    pageable memory can wait for the stream, one from pinned memory cannot."""
-    if device.type != "cuda" or t.device == device:
-        return t.to(device)
-    return t.pin_memory().to(device, non_blocking=True)
-
-
 def permute_batch(batch: SampleBatch, order: Tensor) -> SampleBatch:
     """``batch.select(order)`` for a *permutation* ``order``, on the kernels.
 
     Output sizes equal the input's, which are tensor shapes on the host, so
     nothing is read back from the device (``select`` must read a total).
     """
-    order = to_device(order.to(torch.int64), batch.device)
+    order = host_to_device(order.to(torch.int64), batch.device)
     n_cand = batch.num_candidates_total
     cand_pos, cand_offsets = gather_positions(batch.candidates.offsets, order, n_cand)
     return SampleBatch(
@@ -102,7 +94,7 @@ class PendingExchange:
 
         def features(works: dict[str, Work], lengths: Tensor) -> JaggedFeatures:
             feats = {n: work.wait(stream) for n, work in works.items()}
-            return JaggedFeatures(to_device(lengths_to_offsets(lengths), device), feats)
+            return JaggedFeatures(host_to_device(lengths_to_offsets(lengths), device), feats)
 
         batch = SampleBatch(
             uih=features(self.uih, r.recv_uih_lengths),

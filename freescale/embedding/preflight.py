@@ -22,6 +22,7 @@ from torch import Tensor
 from freescale.comm import Communicator, Work, exchange_counts
 from freescale.embedding._ops import first_bad
 from freescale.embedding.config import TableConfig
+from freescale.jagged.ops import host_to_device
 
 OK, OUT_OF_RANGE, LENGTH_MISMATCH, BAD_OFFSETS, NOT_INTEGER, BAD_SHAPE, UNKNOWN_FEATURE = range(7)
 _INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
@@ -154,7 +155,7 @@ def start_preflight(
     w, device = comm.world_size, send_counts.device
     head = torch.cat(
         [
-            torch.tensor([fingerprint(keys)], dtype=torch.int64, device=device),
+            host_to_device(torch.tensor([fingerprint(keys)], dtype=torch.int64), device),
             _summary(requests, unknown, device),
         ]
     )

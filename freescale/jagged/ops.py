@@ -11,6 +11,18 @@ import torch
 from torch import Tensor
 
 
+def host_to_device(t: Tensor, device: torch.device) -> Tensor:
+    """A host tensor on ``device`` without making the host wait for the GPU.
+
+    A blocking copy from pageable memory to CUDA synchronizes the stream: the
+    host stalls until every queued kernel has run, and the GPU then idles
+    while the host catches up. From pinned memory the copy is only queued.
+    """
+    if device.type != "cuda" or t.device == device:
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 def lengths_to_offsets(lengths: Tensor) -> Tensor:
     """Exclusive prefix sum with a leading zero, as int64."""
     offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=lengths.device)

@@ -23,6 +23,7 @@ from torch import Tensor
 from freescale.comm import TorchCommunicator
 from freescale.embedding import swap
 from freescale.jagged.batch import SampleBatch
+from freescale.jagged.ops import host_to_device
 from freescale.models.loss import bce_loss, bce_sum, bce_total, normalized_entropy
 from freescale.models.sequence import SequenceModel
 from freescale.pipeline.balancing import BalanceStage, Feed, host_lengths
@@ -101,7 +102,7 @@ class Trainer:
     # ---- stages ------------------------------------------------------------
     def _count_work(self, info: BatchInfo) -> Any:
         """Issue the all-reduce of the step's global candidate count."""
-        count = torch.tensor([info.candidates], dtype=torch.int64, device=self.device)
+        count = host_to_device(torch.tensor([info.candidates], dtype=torch.int64), self.device)
         return count, dist.all_reduce(count, async_op=True)
 
     def _prefetch(self, batch: SampleBatch, info: BatchInfo, *_: Any) -> Any:
