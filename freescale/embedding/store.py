@@ -25,6 +25,7 @@ from freescale.embedding._ops import sum_duplicates
 from freescale.embedding.config import TableConfig
 from freescale.embedding.optim import OptimizerConfig, Scalar, apply_rows, make_state
 from freescale.embedding.sharding import RowSharding
+from freescale.jagged.ops import host_to_device
 from freescale.kernels import gather_rows
 from freescale.kernels.backend import choose_impl, triton_module
 
@@ -61,6 +62,9 @@ class ShardStore(nn.Module):
         self.register_buffer("steps", torch.zeros(len(tables), dtype=torch.int64), persistent=False)
         self._host_steps = [0] * len(tables)  # mirror of ``steps``: lr needs no device read
         self.register_buffer("frozen_slots", self._padding_slots(device), persistent=False)
+        # First slot of every table but the first: a slot's table is a bucketize.
+        bounds = torch.tensor(self.starts[1:], dtype=torch.int64, device=device)
+        self.register_buffer("table_bounds", bounds, persistent=False)
 
     # ---- construction --------------------------------------------------------
     def _init_weight(self, device: torch.device, seed: int) -> Tensor:
@@ -112,9 +116,9 @@ class ShardStore(nn.Module):
             lr, b1, b2 = per_table[0]
             scalars: dict[str, Any] = {"lr": lr, "bc": (b1, b2)}
         else:
-            cols = torch.tensor(per_table, dtype=torch.float32).t().to(self.weight.device)
-            bounds = torch.tensor(self.starts[1:], dtype=torch.int64, device=self.weight.device)
-            scalars = {"lr": cols[0], "bc": (cols[1], cols[2]), "table_bounds": bounds}
+            by_kind = torch.tensor(list(zip(*per_table, strict=True)), dtype=torch.float32)
+            cols = host_to_device(by_kind, self.weight.device)  # rows: lr, bc1, bc2
+            scalars = {"lr": cols[0], "bc": (cols[1], cols[2]), "table_bounds": self.table_bounds}
         triton_module("update").sparse_update(
             self.weight,
             list(self.optimizer_state().values()),
@@ -139,9 +143,9 @@ class ShardStore(nn.Module):
         if len(set(per_table)) == 1:
             lr, b1, b2 = per_table[0]
             return lr, (b1, b2)
-        bounds = torch.tensor(self.starts[1:], dtype=torch.int64, device=rows.device)
-        table_of_row = torch.bucketize(rows, bounds, right=True)
-        cols = torch.tensor(per_table, dtype=torch.float64, device=rows.device)[table_of_row]
+        table_of_row = torch.bucketize(rows, self.table_bounds, right=True)
+        per_table_cols = torch.tensor(per_table, dtype=torch.float64)
+        cols = host_to_device(per_table_cols, rows.device)[table_of_row]
         cols = cols.to(torch.float32).unsqueeze(-1)
         return cols[:, 0], (cols[:, 1], cols[:, 2])
 

@@ -28,7 +28,7 @@ CATEGORIES = ("ids_a2a", "emb_a2a", "grad_a2a", "dense_allreduce", "meta", "bala
 
 
 class SectionTimer:
-    """Collects named sections within one step; ``read_ms()`` ends the step."""
+    """Collects named sections within one step; ``take()`` ends the step."""
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
@@ -70,11 +70,8 @@ class SectionTimer:
         taken, self._open = self._open, []
         return taken
 
-    def read_ms(self, taken: list[tuple[str, object, object]] | None = None) -> dict[str, float]:
-        """Total milliseconds per section name of ``taken`` (default: the open
-        step, which it ends); waits for the CUDA events."""
-        if taken is None:
-            taken = self.take()
+    def read_ms(self, taken: list[tuple[str, object, object]]) -> dict[str, float]:
+        """Total milliseconds per section name of ``taken``; waits for the CUDA events."""
         totals: dict[str, float] = defaultdict(float)
         for name, start, end in taken:
             if self.cuda:
