@@ -13,12 +13,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("trace", help="GPU idle gaps in a profiler trace (and the CPU during them)")
     p.add_argument("trace", help="Chrome trace (.json or .json.gz) from --set trace_path=...")
     p.add_argument("--min-gap-us", type=float, default=50.0, help="smallest gap listed (µs)")
+    p.add_argument("--min-wait-us", type=float, default=1000.0, help="shortest host wait (µs)")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
     p.set_defaults(run=run_trace)
 
 
 def run_trace(args: argparse.Namespace) -> int:
-    summary = gpu_gaps(load_trace(args.trace), args.min_gap_us)
+    summary = gpu_gaps(load_trace(args.trace), args.min_gap_us, args.min_wait_us)
     if args.json:
         print(json.dumps(dataclasses.asdict(summary)))
     else:

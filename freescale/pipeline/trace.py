@@ -13,6 +13,11 @@ from typing import Any
 GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
 CPU_CATS = {"cpu_op", "cuda_runtime", "cuda_driver", "python_function", "user_annotation"}
 STEP_PREFIX = "ProfilerStep#"
+# Runtime calls during which the host waits for the GPU (a pageable copy syncs too).
+WAIT_CALLS = {
+    "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
+    "cudaMemcpy", "cudaMemcpyAsync",
+}  # fmt: skip
 Spans = list[tuple[float, float]]
 
 
@@ -49,10 +54,19 @@ class DeviceSummary:
 
 
 @dataclass
+class HostWait:
+    start_us: float
+    dur_us: float
+    call: str
+    inside: list[str]  # enclosing CPU ops of the same thread, innermost last (at most 3)
+
+
+@dataclass
 class TraceSummary:
     min_gap_us: float
     window_us: float  # the longest device window; 0 without GPU events
     devices: list[DeviceSummary] = field(default_factory=list)
+    host_waits: list[HostWait] = field(default_factory=list)  # >= min_wait_us, in time order
 
 
 def load_trace(path: str | Path) -> dict[str, Any]:
@@ -128,13 +142,25 @@ def _device(dev: Any, evs: list, cpu: list, steps: list, min_gap_us: float) -> D
     )  # fmt: skip
 
 
-def gpu_gaps(trace: dict[str, Any], min_gap_us: float = 50.0) -> TraceSummary:
-    """Busy/idle time of each GPU, its gaps >= ``min_gap_us`` and the CPU work during them."""
+def _host_waits(waits: list, ops: list, min_wait_us: float) -> list[HostWait]:
+    out = []
+    for s, e, tid, call in sorted(waits):
+        if e - s >= min_wait_us:
+            inside = [n for os_, oe, otid, n in ops if otid == tid and os_ <= s and oe >= e]
+            out.append(HostWait(s, e - s, call, inside[-3:]))
+    return out
+
+
+def gpu_gaps(
+    trace: dict[str, Any], min_gap_us: float = 50.0, min_wait_us: float = 1000.0
+) -> TraceSummary:
+    """Busy/idle time of each GPU, its gaps >= ``min_gap_us`` and the CPU work
+    during them, and every host wait for the GPU >= ``min_wait_us``."""
     events = trace.get("traceEvents") if isinstance(trace, dict) else None
     if not isinstance(events, list):
         raise ValueError("not a Chrome trace (no traceEvents list)")
     gpu: dict[Any, list] = {}
-    cpu, steps = [], []
+    cpu, steps, waits, ops = [], [], [], []
     for ev in events:
         if not isinstance(ev, dict) or ev.get("ph") != "X" or "ts" not in ev:
             continue
@@ -150,10 +176,16 @@ def gpu_gaps(trace: dict[str, Any], min_gap_us: float = 50.0) -> TraceSummary:
             steps.append((s, e, name))  # the CPU-side step span, not its GPU mirror
         elif cat in CPU_CATS:
             cpu.append((s, e, name))
+            if name in WAIT_CALLS:
+                waits.append((s, e, ev.get("tid"), name))
+            elif cat == "cpu_op":
+                ops.append((s, e, ev.get("tid"), name))
     cpu.sort()
+    ops.sort()
     steps.sort()
     devices = [_device(d, gpu[d], cpu, steps, min_gap_us) for d in sorted(gpu, key=str)]
-    return TraceSummary(min_gap_us, max((d.window_us for d in devices), default=0.0), devices)
+    window = max((d.window_us for d in devices), default=0.0)
+    return TraceSummary(min_gap_us, window, devices, _host_waits(waits, ops, min_wait_us))
 
 
 def _ms(us: float) -> str:
@@ -189,4 +221,13 @@ def format_summary(summary: TraceSummary) -> str:
                 [s.name, _ms(s.window_us), _ms(s.busy_us), f"{s.idle_pct:.1f}"] for s in d.steps
             ]
             lines += _table(["step", "window ms", "busy ms", "idle %"], rows)
+    if summary.host_waits:
+        start = summary.devices[0].start_us
+        title = "Host waits for the GPU (after each the GPU idles until new work is queued)"
+        lines += ["", title, ""]
+        rows = [
+            [_ms(w.dur_us), _ms(w.start_us - start), w.call, " > ".join(w.inside) or "-"]
+            for w in summary.host_waits
+        ]
+        lines += _table(["wait ms", "at ms", "call", "inside"], rows)
     return "\n".join(lines) + "\n"

@@ -153,3 +153,22 @@ def test_real_cpu_profiler_trace_has_no_gpu_window(tmp_path):
     prof.export_chrome_trace(str(path))
     s = gpu_gaps(load_trace(path))
     assert (s.window_us, s.devices) == (0.0, [])
+
+
+def test_host_waits_name_their_enclosing_ops():
+    events = [
+        kernel(0, 10),
+        {**cpu(100, 5000, "ShardedLookupBackward"), "tid": 1},
+        {**cpu(200, 4000, "aten::item"), "tid": 1},
+        {**cpu(300, 3000, "cudaStreamSynchronize", cat="cuda_runtime"), "tid": 1},
+        {**cpu(300, 3500, "other thread op"), "tid": 2},  # another thread: not enclosing
+        {**cpu(6000, 200, "cudaMemcpyAsync", cat="cuda_runtime"), "tid": 1},  # too short
+    ]
+    waits = gpu_gaps({"traceEvents": events}).host_waits
+    assert len(waits) == 1
+    w = waits[0]
+    assert (w.start_us, w.dur_us, w.call) == (300, 3000, "cudaStreamSynchronize")
+    assert w.inside == ["ShardedLookupBackward", "aten::item"]
+    assert len(gpu_gaps({"traceEvents": events}, min_wait_us=100).host_waits) == 2
+    text = format_summary(gpu_gaps({"traceEvents": events}))
+    assert "| 3.000 | 0.300 | cudaStreamSynchronize | ShardedLookupBackward > aten::item |" in text
