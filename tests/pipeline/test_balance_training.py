@@ -50,3 +50,14 @@ def test_balanced_training_matches_unbalanced(baseline, balance, mode):
     torch.testing.assert_close(got["table"], baseline["table"], rtol=RTOL, atol=ATOL)
     for k, v in baseline["dense"].items():
         torch.testing.assert_close(got["dense"][k], v, rtol=RTOL, atol=DENSE_ATOL)
+
+
+def test_balanced_training_matches_unbalanced_at_four_ranks():
+    base = run_ranks(_train, 4, "none", "sync", timeout=300)[0]
+    got = run_ranks(_train, 4, "cost", "sync", timeout=300)[0]
+    assert got["samples"] == base["samples"]
+    torch.testing.assert_close(torch.tensor(got["losses"]), torch.tensor(base["losses"]),
+                               rtol=RTOL, atol=ATOL)  # fmt: skip
+    torch.testing.assert_close(got["table"], base["table"], rtol=RTOL, atol=ATOL)
+    for k, v in base["dense"].items():
+        torch.testing.assert_close(got["dense"][k], v, rtol=RTOL, atol=DENSE_ATOL)
