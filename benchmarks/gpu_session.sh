@@ -4,7 +4,12 @@
 # parts: check (GPU tests), kernels (1 GPU), embedding (2 GPUs),
 #   scaling21k / scaling8k (world sizes 2 and 4 when the machine has them:
 #   none/fbs/cost at batch 128, 60 steps), sdd21k (the same in sdd mode, 2 GPUs),
-#   straggler21k (2 GPUs, batch 32 and 128, none/fbs/vbs/cost).
+#   straggler21k (2 GPUs, batch 32 and 128, none/fbs/vbs/cost),
+#   metrics (the regression guard: 1 GPU loader rate + data-wait checks, and
+#   with 2+ GPUs the none/fbs/cost sweep checked by check_metrics.py; a
+#   failed check fails the session: run it after any change to the step,
+#   the loader or the balancer), synccheck (1 GPU: every host-GPU sync
+#   call site of sync/sdd, balanced or not).
 # Everything runs from the checkout (PYTHONPATH). Sweep outputs are packed
 # into one .tgz per part (the device returns at most 8 files).
 set -uo pipefail
@@ -22,6 +27,7 @@ pack() {  # $1: sweep output stem; keeps JSON lines and rank-0 traces
   tar czf "$1.tgz" -C "$d" "$s.md" "$s.json" "$s-steps" $( [ -f "$1.png" ] && echo "$s.png" )
   rm -rf "$1-steps" "$1.json"
 }
+status=0
 for part in "$@"; do
   case $part in
     check)
@@ -49,6 +55,25 @@ for part in "$@"; do
         --max-uih 21000 --batch 32,128 --balance none,fbs,vbs,cost \
         --steps 60 --warmup 10 --trace-steps 40-41 --out "$out/$part" 2>&1 | grep "^\[" ;
       pack "$out/$part" ;;
+    metrics)
+      timeout 400 python3 benchmarks/data_wait.py --preset h200-21k --batch 128 \
+        --out "$out/data-wait-1xH200" 2>&1 | grep -vi warn | tail -22 || status=1
+      if [ "$ngpu" -ge 2 ]; then
+        timeout 590 python3 benchmarks/scaling.py --preset h200-21k --nproc 2 --modes sync,sdd \
+          --max-uih 21000 --batch 128 --balance none,fbs,cost --steps 60 --warmup 10 \
+          --out "$out/metrics2gpu" 2>&1 | grep "^\[" ;
+        python3 benchmarks/check_metrics.py "$out/metrics2gpu.json" || status=1
+        pack "$out/metrics2gpu"
+      fi ;;
+    synccheck)
+      for args in "mode=sync balance=none" "mode=sdd balance=none" "mode=sync balance=cost" \
+                  "mode=sdd balance=fbs"; do
+        echo "-- $args"
+        timeout 200 python3 -m freescale.cli.main train --preset h200-21k --set nproc=1 \
+          --set steps=14 --set warmup=8 --set batch_size=64 --set sync_debug=true \
+          $(printf -- '--set %s ' $args) 2>&1 | grep -E "host sync|^    |sync_debug|Error" | head -40
+      done ;;
     *) echo "unknown part $part" >&2; exit 2 ;;
   esac
 done
+exit $status

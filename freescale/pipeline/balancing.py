@@ -11,7 +11,6 @@ steps ahead, because ``sdd`` must know balanced batch s+1 when step s starts
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -109,21 +108,21 @@ def host_lengths(batch: SampleBatch) -> WorldLengths:
 class Feed:
     """The trainer's batches: straight from the loader, or through the balancer.
 
-    Keeps the time spent waiting on the loader (``data_ms``) for the metrics.
+    Every wait for the loader is the timed section ``data``: on CUDA its two
+    events are on the compute stream, so it measures how long the *GPU*
+    starved for input (zero while the GPU still had queued work), not how
+    long the host waited; on CPU ranks it is the host's wall-clock wait.
     """
 
-    def __init__(self, loader: Any, balance: BalanceStage | None, steps: int) -> None:
-        self.loader, self.balance, self.steps = loader, balance, steps
-        self.data_ms = 0.0
+    def __init__(self, loader: Any, balance: BalanceStage | None, steps: int, timer: Any) -> None:
+        self.loader, self.balance, self.steps, self.timer = loader, balance, steps, timer
         if balance is not None:
             for _ in range(min(LOOKAHEAD, steps)):
                 balance.balance_now(*self._load())
 
     def _load(self) -> tuple[SampleBatch, BatchInfo]:
-        t = time.perf_counter()
-        out = self.loader.get()
-        self.data_ms += (time.perf_counter() - t) * 1000
-        return out
+        with self.timer("data"):
+            return self.loader.get()
 
     def take(self) -> tuple[SampleBatch, BatchInfo, BalanceHandle | None]:
         """The next batch to train on."""
@@ -135,7 +134,3 @@ class Feed:
         """Stage I for the raw batch of step ``step + LOOKAHEAD`` (if any)."""
         if self.balance is not None and step + LOOKAHEAD < self.steps:
             self.balance.stage1(*self._load())
-
-    def pop_data_ms(self) -> float:
-        ms, self.data_ms = self.data_ms, 0.0
-        return ms

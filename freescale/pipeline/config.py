@@ -8,8 +8,11 @@ one clear sentence), in the launching process, before any rank starts.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, fields, replace
 from typing import Any
+
+from freescale.pipeline.faults import parse_ranks
 
 MODES = ("sync", "sdd")
 BALANCE = ("none", "fbs", "vbs", "cost")
@@ -58,6 +61,14 @@ class TrainConfig:
     trace_path: str = ""
     trace_steps: str = ""
     progress: bool = True
+    # data loading: worker processes per rank (-1: auto, 0 on CPU ranks)
+    loader_workers: int = -1
+    # fault injection (checks the metrics): extra compute / loader time per step
+    delay_compute_ms: float = 0.0
+    delay_loader_ms: float = 0.0
+    delay_ranks: str = ""  # ranks affected, e.g. "1" or "0,2"; empty = all
+    # print every call site where the host waits for the GPU (after warm-up)
+    sync_debug: bool = False
 
     def __post_init__(self) -> None:
         _choice("mode", self.mode, MODES)
@@ -97,6 +108,13 @@ class TrainConfig:
             raise ValueError("dense_lr and emb_lr must be > 0")
         if self.trace_steps:
             trace_window(self.trace_steps)
+        if self.loader_workers < -1:
+            raise ValueError(f"loader_workers must be -1 (auto) or >= 0, got {self.loader_workers}")
+        for name in ("delay_compute_ms", "delay_loader_ms"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value}")
+        parse_ranks(self.delay_ranks)
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -1,19 +1,29 @@
-"""Data-loading stage: a background thread that builds, pins and copies batches.
+"""Data-loading stage: worker processes build batches, a thread copies them to the device.
 
-The thread runs ``depth`` batches ahead of the trainer (the paper budgets one
-extra batch). On CUDA the host-to-device copy is issued on a dedicated copy
-stream from pinned memory; the consumer's stream waits on an event, so the
-copy overlaps the previous step's compute.
+Building a long-UIH batch is Python and numpy work of about a step's length
+(h200-21k), so it runs in ``torch.utils.data.DataLoader`` worker processes:
+it never competes with the trainer's launch thread (or the balancer's helper
+thread) for the GIL. The DataLoader pins the batches; a small thread of the
+trainer then issues each host-to-device copy on a dedicated copy stream and
+queues the batch with an event that the consumer's stream waits on, so the
+copy overlaps the previous step's compute. ``workers=0`` builds batches in
+that thread instead (the CPU demo: no process start-up).
+
+Batches stay in step order (the DataLoader returns them in order), ``depth``
+batches ahead of the trainer per worker (the paper budgets one extra batch).
 """
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.utils.data import DataLoader, Dataset
 
 from freescale.jagged.batch import SampleBatch
 
@@ -48,6 +58,48 @@ class BatchInfo:
         )
 
 
+class StepBatches(Dataset):
+    """Item ``k``: this rank's batch of step ``steps[k]`` and its `BatchInfo`.
+
+    A pure function of ``k`` (sources are deterministic), so any worker may
+    build any item.
+    """
+
+    def __init__(
+        self,
+        source: Any,
+        rank: int,
+        world_size: int,
+        batch_size: int,
+        steps: range,
+        host_lengths: Any = None,
+    ) -> None:
+        self.source, self.rank, self.world_size = source, rank, world_size
+        self.batch_size, self.steps = batch_size, steps
+        self.host_lengths = host_lengths
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def __getitem__(self, k: int) -> tuple[SampleBatch, BatchInfo]:
+        batch = self.source.batch(self.steps[k], self.rank, self.world_size, self.batch_size)
+        return batch, BatchInfo.of(batch, self.host_lengths)
+
+
+def _worker_init(_: int) -> None:
+    # One intra-op thread per worker: several workers must not oversubscribe
+    # the cores that the trainer's own threads need.
+    torch.set_num_threads(1)
+
+
+def default_workers(device: torch.device) -> int:
+    """Worker processes per rank when the config says ``-1`` (auto)."""
+    if device.type != "cuda":
+        return 0  # CPU ranks: the ranks themselves use the cores
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return max(1, min(4, (os.cpu_count() or 2) // max(1, local) - 1))
+
+
 class Prefetcher:
     def __init__(
         self,
@@ -59,33 +111,59 @@ class Prefetcher:
         steps: range,
         depth: int = 2,
         host_lengths: Any = None,
+        workers: int = 0,
+        delay_ms: float = 0.0,
     ) -> None:
-        self.host_lengths = host_lengths
         self.device = device
-        self.copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        cuda = device.type == "cuda"
+        self.copy_stream = torch.cuda.Stream(device) if cuda else None
+        # Injected delay (`freescale.pipeline.faults`): the copy thread hands
+        # out at most one batch per ``delay_ms``, whatever the worker count.
+        self.delay_s = delay_ms / 1000.0
+        data = StepBatches(source, rank, world_size, batch_size, steps, host_lengths)
+        loader = DataLoader(
+            data,
+            batch_size=None,  # items are whole batches already
+            num_workers=workers,
+            pin_memory=cuda,
+            prefetch_factor=depth if workers else None,
+            worker_init_fn=_worker_init if workers else None,
+            # fork: the source is inherited, not pickled; workers never touch CUDA.
+            multiprocessing_context="fork" if workers else None,
+        )
+        self._batches = iter(loader)  # starts the workers here, on the caller's thread
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._error: BaseException | None = None
-        args = (source, rank, world_size, batch_size, steps)
-        self._thread = threading.Thread(target=self._run, args=args, daemon=True)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
-    def _run(self, source: Any, rank: int, world: int, batch_size: int, steps: range) -> None:
+    def _run(self) -> None:
         try:
-            for step in steps:
-                batch = source.batch(step, rank, world, batch_size)
-                info = BatchInfo.of(batch, self.host_lengths)
+            for batch, info in self._batches:
+                if self._stop.is_set():
+                    break
+                if self.delay_s:
+                    time.sleep(self.delay_s)
                 event = None
                 if self.copy_stream is not None:
-                    batch = batch.pin_memory()
                     with torch.cuda.stream(self.copy_stream):
                         batch = batch.to(self.device, non_blocking=True)
                         event = torch.cuda.Event()
                         event.record(self.copy_stream)
-                self._queue.put((batch, info, event))
+                self._put((batch, info, event))
         except BaseException as e:  # surfaced in get(), on the trainer's thread
             self._error = e
         finally:
-            self._queue.put(_DONE)
+            self._put(_DONE)
+
+    def _put(self, item: Any) -> None:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
 
     def get(self) -> tuple[SampleBatch, BatchInfo]:
         item = self._queue.get()
@@ -100,3 +178,9 @@ class Prefetcher:
             stream.wait_event(event)
             batch.record_stream(stream)
         return batch, info
+
+    def close(self) -> None:
+        """Stop the copy thread and the worker processes."""
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._batches = None  # the DataLoader iterator shuts its workers down

@@ -1,8 +1,15 @@
 """Step metrics exactly as DESIGN §10, gathered from all ranks once per step.
 
+Every per-rank time is an interval of one clock: CUDA events on the compute
+stream (GPU ranks) or the host's wall clock (CPU ranks), never a mix.
+
 - straggler % = mean over ranks of (max_r C_r − C_r) / T_iter, C_r = rank r's
-  compute time of the step (step time minus exposed communication and data
-  wait), T_iter = the step time (max over ranks).
+  compute time of the step: its step interval minus the compute stream's
+  waits on communication (exposed) and on input (data wait), T_iter = the
+  step time (max over ranks).
+- data wait: how long the compute stream starved for the batch (the loader
+  or its copy was late); a host waiting while the GPU still has queued work
+  costs nothing and counts nothing.
 - exposed communication: per category, mean over ranks, ms per step.
 - QPS = items (UIH tokens + candidates) of all ranks per second of T_iter.
 - NE = mean BCE / entropy of the label base rate.
@@ -82,16 +89,24 @@ def summarize_step(step: int, table: torch.Tensor) -> dict[str, Any]:
     return {
         "step": step,
         "step_ms": t_iter,
-        "compute_ms": [round(float(c), 3) for c in compute],
+        "compute_ms": _rounded(compute),
         "straggler_pct": straggler,
         "exposed_comm_ms": {c: float(col[c].mean()) for c in CATEGORIES},
         "data_wait_ms": float(col["data_ms"].mean()),
+        # per rank, in rank order
+        "step_ms_ranks": _rounded(col["step_ms"]),
+        "data_wait_ms_ranks": _rounded(col["data_ms"]),
+        "exposed_comm_ms_ranks": {c: _rounded(col[c]) for c in CATEGORIES},
         "qps": float(col["items"].sum()) / (t_iter / 1000.0) if t_iter > 0 else 0.0,
         "loss": bce / cands if cands else float("nan"),
         "ne": normalized_entropy(bce, pos, cands),
         "samples": int(col["samples"].sum()),
         "items": int(col["items"].sum()),
     }
+
+
+def _rounded(values: torch.Tensor) -> list[float]:
+    return [round(float(v), 3) for v in values]
 
 
 @dataclass
@@ -122,6 +137,7 @@ class RunSummary:
             "compute_ms_mean": sum(sum(s["compute_ms"]) / len(s["compute_ms"]) for s in measured)
             / len(measured),
             "data_wait_ms": mean("data_wait_ms"),
+            "data_wait_ms_max": sum(max(s["data_wait_ms_ranks"]) for s in measured) / len(measured),
             "qps": mean("qps"),
             "straggler_pct": mean("straggler_pct"),
             "exposed_comm_ms": {

@@ -9,6 +9,7 @@ Modes (all produce identical numbers):
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import time
@@ -28,7 +29,8 @@ from freescale.models.loss import bce_loss, bce_sum, bce_total, normalized_entro
 from freescale.models.sequence import SequenceModel
 from freescale.pipeline.balancing import BalanceStage, Feed, host_lengths
 from freescale.pipeline.config import TrainConfig, trace_window
-from freescale.pipeline.loader import BatchInfo, Prefetcher
+from freescale.pipeline.faults import ComputeDelay, applies
+from freescale.pipeline.loader import BatchInfo, Prefetcher, default_workers
 from freescale.pipeline.metrics import JsonLines, RankStep, RunSummary, gather_step, summarize_step
 from freescale.pipeline.setup import (
     DenseSync,
@@ -38,6 +40,7 @@ from freescale.pipeline.setup import (
     seed_everything,
     sharding_plan,
 )
+from freescale.pipeline.sync_debug import report_host_syncs
 from freescale.pipeline.timing import SectionTimer, exposed_by_category
 
 EVAL_STEP_OFFSET = 10_000_000  # held-out synthetic samples: far from any training step
@@ -67,7 +70,6 @@ class StepRecord:
     info: BatchInfo
     values: Callable[[], list[float]]  # [bce sum] (+ [positives] if not in info)
     sections: list
-    data_ms: float
     handle: Any
     eval: dict[str, float] | None = None
 
@@ -97,6 +99,9 @@ class Trainer:
         # Metrics travel over gloo: gathering them never waits for the GPU.
         self.metrics_group = dist.new_group(backend="gloo") if self.world > 1 else None
         self.writer = JsonLines(cfg.metrics_path if self.rank == 0 else "")
+        delayed = applies(cfg.delay_ranks, self.rank)
+        self.delay_compute = ComputeDelay(cfg.delay_compute_ms if delayed else 0.0, self.device)
+        self.delay_loader_ms = cfg.delay_loader_ms if delayed else 0.0
 
     # ---- stages ------------------------------------------------------------
     def _count_work(self, info: BatchInfo) -> Any:
@@ -122,6 +127,7 @@ class Trainer:
         global_count = self._global_count(info, count_work)
         with self.autocast:
             logits = self.dense.ddp(batch, max_uih=info.max_uih, max_candidates=info.max_candidates)
+        self.delay_compute()
         if self.cfg.mode == "sdd":
             self.embeddings.prefetch_ids()  # next batch's ids AllToAll overlaps backward
         if self.balance is not None:
@@ -178,14 +184,27 @@ class Trainer:
             self.device,
             range(cfg.steps),
             host_lengths=host_lengths if self.balance is not None else None,
+            workers=cfg.loader_workers if cfg.loader_workers >= 0 else default_workers(self.device),
+            delay_ms=self.delay_loader_ms,
         )
+        try:
+            return self._loop(loader)
+        finally:
+            loader.close()
+
+    def _loop(self, loader: Prefetcher) -> dict[str, Any] | None:
+        cfg = self.cfg
         profiler = self._profiler()
         start = time.perf_counter()
-        feed = Feed(loader, self.balance, cfg.steps)
+        feed = Feed(loader, self.balance, cfg.steps, self.timer.section)
         nxt = feed.take()
         next_count = self._prefetch(*nxt) if cfg.mode == "sdd" else None
+        self.timer.take()  # filling the pipeline is no step's time
         pending: StepRecord | None = None
+        host_syncs = contextlib.ExitStack()
         for step in range(cfg.steps):
+            if step == cfg.warmup:
+                host_syncs.enter_context(report_host_syncs(cfg.sync_debug, self.rank))
             step_start = self.timer.mark()
             (batch, info, handle), count_work = nxt, next_count
             feed.start_future(step)  # balancer stage I for step + 2
@@ -198,9 +217,7 @@ class Trainer:
             if math.isnan(info.positives):  # labels moved with the balanced samples
                 on_device.append(batch.labels.sum().double())
             values = torch.stack(on_device)
-            record = StepRecord(
-                step, info, read_later(values), self.timer.take(), feed.pop_data_ms(), handle
-            )
+            record = StepRecord(step, info, read_later(values), self.timer.take(), handle)
             if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
                 record.eval = {"step": step, **self.evaluate()}
             if pending is not None:
@@ -210,6 +227,7 @@ class Trainer:
                 profiler.step()
         if pending is not None:
             self._finish_step(pending, start)
+        host_syncs.close()
         if profiler is not None:
             profiler.stop()
         self.writer.close()
@@ -226,15 +244,18 @@ class Trainer:
     def _finish_step(self, rec: StepRecord, start: float) -> None:
         """Metrics of a step, one step later (its events and values are done by then)."""
         sections = self.timer.read_ms(rec.sections)
-        step_ms = sections.pop("step")  # includes data_ms
+        step_ms = sections.pop("step")  # includes the data wait
+        data_ms = sections.pop("data", 0.0)
         exposed = exposed_by_category(sections)
         info = rec.info
         bce, *counted = rec.values()
         positives = counted[0] if counted else info.positives
         local = RankStep(
             step_ms=step_ms,
-            compute_ms=step_ms - sum(exposed.values()) - rec.data_ms,
-            data_ms=rec.data_ms,
+            # One clock: every term is an interval of the compute stream (CUDA
+            # events) or, on CPU ranks, of the host's wall clock.
+            compute_ms=step_ms - sum(exposed.values()) - data_ms,
+            data_ms=data_ms,
             exposed=exposed,
             bce_sum=bce,
             positives=positives,

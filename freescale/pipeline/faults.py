@@ -1,0 +1,63 @@
+"""Injected delays: known extra time on chosen ranks, to check the metrics.
+
+``delay_compute_ms`` adds work to every step's compute (inside the step,
+after forward): a host sleep on CPU ranks, a GPU spin of that length on the
+compute stream on CUDA (the host does not wait). ``delay_loader_ms`` makes
+the loader hand out at most one batch per that many ms. ``delay_ranks`` names
+the ranks affected (all when empty). A metric that blames the right cause
+must show the first as straggler time and the second as data wait.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+def parse_ranks(text: str) -> set[int] | None:
+    """``"1,3"`` -> {1, 3}; ``""`` -> None (every rank). ValueError on bad input."""
+    if not text.strip():
+        return None
+    try:
+        ranks = {int(part) for part in text.split(",")}
+    except ValueError:
+        raise ValueError(f"delay_ranks must be comma-separated ranks, got {text!r}") from None
+    if min(ranks) < 0:
+        raise ValueError(f"delay_ranks must be >= 0, got {text!r}")
+    return ranks
+
+
+def applies(ranks_text: str, rank: int) -> bool:
+    ranks = parse_ranks(ranks_text)
+    return ranks is None or rank in ranks
+
+
+class ComputeDelay:
+    """``delay()`` adds ``ms`` of compute to the current step of this rank."""
+
+    def __init__(self, ms: float, device: torch.device) -> None:
+        self.ms, self.cuda = ms, device.type == "cuda"
+        self.cycles = 0
+        if ms > 0 and self.cuda:
+            self.cycles = int(ms * _cycles_per_ms())
+
+    def __call__(self) -> None:
+        if self.ms <= 0:
+            return
+        if self.cuda:
+            torch.cuda._sleep(self.cycles)
+        else:
+            time.sleep(self.ms / 1000.0)
+
+
+def _cycles_per_ms() -> float:
+    """GPU clock cycles per millisecond of ``torch.cuda._sleep``, measured once."""
+    n = 20_000_000
+    torch.cuda._sleep(n)  # warm-up (clocks ramp up)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(n)
+    end.record()
+    end.synchronize()
+    return n / start.elapsed_time(end)

@@ -1,0 +1,55 @@
+"""``sync_debug = true``: name every place where the host waits for the GPU.
+
+After warm-up, `torch.cuda.set_sync_debug_mode("warn")` makes each
+synchronizing call (``.item()``, ``.tolist()``, a pageable copy, a stream
+synchronize) raise a warning; each distinct call site is printed once to
+stderr with the FreeScale frames that led to it. A step with no such line
+launches all its work without waiting (event waits of the metrics, read one
+step late, are not flagged: they are not on the critical path).
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+
+@contextmanager
+def report_host_syncs(enabled: bool, rank: int) -> Iterator[None]:
+    if not enabled or not torch.cuda.is_available():
+        yield
+        return
+    seen: set[tuple[str, ...]] = set()
+    previous = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        if "synchronizing" not in str(message).lower():
+            previous(message, category, filename, lineno, file, line)
+            return
+        frames = tuple(
+            f"{f.filename.split('freescale/')[-1]}:{f.lineno} {f.name}"
+            for f in traceback.extract_stack()[:-1]
+            if "/freescale/" in f.filename and "sync_debug" not in f.filename
+        )[-5:]
+        if frames not in seen:
+            seen.add(frames)
+            print(f"[rank {rank}] host sync: {message}\n    " + "\n    ".join(frames),
+                  file=sys.stderr, flush=True)  # fmt: skip
+
+    warnings.showwarning = show
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = show
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+            warnings.showwarning = previous
+    print(f"[rank {rank}] sync_debug: {len(seen)} distinct host-sync call site(s)",
+          file=sys.stderr, flush=True)  # fmt: skip
