@@ -36,6 +36,7 @@ from torch import Tensor
 from freescale.balance.cost import CostModel, CostModelConfig
 from freescale.balance.exchange import PendingExchange, schema_fingerprint, start_exchange
 from freescale.balance.plan import Plan, check_plan
+from freescale.balance.planner import ProcessPlanner, plan_in_thread
 from freescale.balance.registry import resolve_partitioner
 from freescale.balance.routing import Routing, route
 from freescale.balance.runtime import Partitioner, RuntimeInfo
@@ -53,11 +54,14 @@ class BalancerConfig:
     callable; ``capacity``: initial stage-I per-rank sample capacity (0 = learn
     it on the first step at the price of one extra round); ``verify_plans``:
     all-gather a plan digest in stage III and raise if ranks disagree (costs a
-    blocking meta round trip; for tests and debugging)."""
+    blocking meta round trip; for tests and debugging); ``plan_in_process``:
+    run the partitioner in a helper process (`freescale.balance.planner`), so
+    its Python loops never hold the caller's GIL."""
 
     partitioner: str | Partitioner = "fbs"
     capacity: int = 0
     verify_plans: bool = False
+    plan_in_process: bool = False
     autotune: AutoTuneConfig = field(default_factory=AutoTuneConfig)
     cost_model: CostModelConfig = field(default_factory=CostModelConfig)
 
@@ -128,6 +132,9 @@ class LoadBalancer:
             raise ValueError("meta_comm must have the same rank and world size as comm")
         self.config = config or BalancerConfig()
         self.partitioner = resolve_partitioner(self.config.partitioner)
+        self.planner = (
+            ProcessPlanner(self.partitioner) if self.config.plan_in_process else plan_in_thread
+        )
         self.autotune = AutoTune(comm.world_size, self.config.autotune)
         self.cost_model = CostModel(self.config.cost_model)
         self.last_times_ms: tuple[float, ...] | None = None
@@ -241,7 +248,7 @@ class LoadBalancer:
         return h
 
     def _partition(self, world: WorldLengths, step: int) -> Plan:
-        plan = self.partitioner(world, self.runtime_info(step))
+        plan = self.planner(self.partitioner, world, self.runtime_info(step))
         check_plan(plan, world.world_size, world.total)
         if self.config.verify_plans:
             digest = torch.tensor([plan.digest()], dtype=torch.int64, device=self.meta.device)
@@ -292,3 +299,8 @@ class LoadBalancer:
             self.cost_model.observe(per_rank_batch_features, times)
         self.autotune.update(times)
         self.last_times_ms = times
+
+    def close(self) -> None:
+        """Stop the planning process, if any."""
+        if isinstance(self.planner, ProcessPlanner):
+            self.planner.close()

@@ -118,8 +118,9 @@ def _summary(requests: list[Request], unknown: list[str], device: torch.device) 
         code = UNKNOWN_FEATURE if unknown else OK
         return torch.tensor([0, code, 0, 0], dtype=torch.int64, device=device)
     status = torch.stack([_status(q) for q in requests])  # [R, 3]
-    first = (status[:, 0] != OK).to(torch.uint8).argmax()
-    return torch.cat([first.reshape(1), status[first]])
+    first = (status[:, 0] != OK).to(torch.uint8).argmax().reshape(1)
+    # index_select: ``status[first]`` with a device index reads it back to the host.
+    return torch.cat([first, status.index_select(0, first)[0]])
 
 
 def fingerprint(keys: list[str]) -> int:
@@ -169,7 +170,11 @@ def finish_preflight(p: PendingPreflight) -> tuple[list[list[int]], list[list[in
 
     Raises ValueError on every rank if any rank's input is bad.
     """
-    received = p.work.wait().tolist()
+    counts = p.work.wait()
+    # One device-to-host read for what arrived and for this rank's own counts.
+    both = torch.cat([counts.flatten(), p.send_counts.t().flatten().to(counts.dtype)]).tolist()
+    received = [both[i : i + counts.shape[1]] for i in range(0, counts.numel(), counts.shape[1])]
+    own = both[counts.numel() :]
     for src, row in enumerate(received):
         if row[0] != received[p.rank][0]:
             raise ValueError(
@@ -179,6 +184,7 @@ def finish_preflight(p: PendingPreflight) -> tuple[list[list[int]], list[list[in
     for src, row in enumerate(received):
         if row[2] != OK:
             raise ValueError(_message(p.requests, src, row[1:5], p.unknown))
-    sends = p.send_counts.t().tolist()
+    groups, w = p.send_counts.shape[1], p.send_counts.shape[0]
+    sends = [own[g * w : (g + 1) * w] for g in range(groups)]
     recvs = [[row[5 + g] for row in received] for g in range(p.send_counts.shape[1])]
     return sends, recvs

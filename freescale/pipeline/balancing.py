@@ -27,15 +27,21 @@ LOOKAHEAD = 2
 
 class BalanceStage:
     def __init__(
-        self, partitioner: str, comm: TorchCommunicator, batch_size: int, timer: Any
+        self,
+        partitioner: str,
+        comm: TorchCommunicator,
+        batch_size: int,
+        timer: Any,
+        plan_in_process: bool = False,
     ) -> None:
         # Stages I-II gather host-side lengths on a gloo group of their own, on
         # a helper thread: they never block the trainer's thread and never
         # interleave with the training collectives of the default group.
         meta = TorchCommunicator(group=dist.new_group(backend="gloo"), device="cpu")
-        self.balancer = LoadBalancer(
-            comm, BalancerConfig(partitioner=partitioner, capacity=batch_size), meta
+        config = BalancerConfig(
+            partitioner=partitioner, capacity=batch_size, plan_in_process=plan_in_process
         )
+        self.balancer = LoadBalancer(comm, config, meta)
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="balancer")
         self.rank = comm.rank
         self.timer = timer
@@ -72,6 +78,10 @@ class BalanceStage:
         self.stage1(batch, info)
         self.stage3()
         self.collect()
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.balancer.close()
 
     def pop(self) -> tuple[SampleBatch, BatchInfo, BalanceHandle]:
         return self.ready.popleft()

@@ -25,6 +25,7 @@ class TrainConfig:
     # run
     mode: str = "sync"
     balance: str = "none"  # none | fbs | vbs | cost (sequence load balancing)
+    plan_process: str = "auto"  # partition in a helper process: auto (on GPUs) | on | off
     nproc: int = 2
     device: str = "cpu"
     steps: int = 150
@@ -78,6 +79,7 @@ class TrainConfig:
         _choice("assignment", self.assignment, ("hashed", "block"))
         _choice("attention", self.attention, ("auto", "reference", "varlen"))
         _choice("amp", self.amp, ("none", "bf16"))
+        _choice("plan_process", self.plan_process, ("auto", "on", "off"))
         for name in (
             "nproc",
             "steps",

@@ -28,7 +28,7 @@ def report_host_syncs(enabled: bool, rank: int) -> Iterator[None]:
     previous = warnings.showwarning
 
     def show(message, category, filename, lineno, file=None, line=None) -> None:
-        if "synchronizing" not in str(message).lower():
+        if "synchronizing cuda operation" not in str(message).lower():
             previous(message, category, filename, lineno, file, line)
             return
         frames = tuple(

@@ -94,7 +94,12 @@ class Trainer:
         )
         self.balance = None
         if cfg.balance != "none":
-            self.balance = BalanceStage(cfg.balance, self.comm, cfg.batch_size, self.timer.section)
+            in_process = cfg.plan_process == "on" or (
+                cfg.plan_process == "auto" and self.device.type == "cuda"
+            )
+            self.balance = BalanceStage(
+                cfg.balance, self.comm, cfg.batch_size, self.timer.section, in_process
+            )
         self.summary = RunSummary(cfg.warmup)
         # Metrics travel over gloo: gathering them never waits for the GPU.
         self.metrics_group = dist.new_group(backend="gloo") if self.world > 1 else None
@@ -115,13 +120,13 @@ class Trainer:
             self.model.get_submodule(path).prefetch(ids)
         return None if info.global_candidates is not None else self._count_work(info)
 
-    def _global_count(self, info: BatchInfo, count_work: Any) -> int:
+    def _global_count(self, info: BatchInfo, count_work: Any) -> int | Tensor:
         if info.global_candidates is not None:  # the balancer gathered it already
             return info.global_candidates
         with self.timer.section("meta"):
             count, work = count_work if count_work is not None else self._count_work(info)
             work.wait()
-            return int(count.item())
+            return count  # stays on the device: the loss divides by it without a host read
 
     def _train_step(self, batch: SampleBatch, info: BatchInfo, count_work: Any) -> Tensor:
         global_count = self._global_count(info, count_work)
@@ -191,6 +196,8 @@ class Trainer:
             return self._loop(loader)
         finally:
             loader.close()
+            if self.balance is not None:
+                self.balance.close()
 
     def _loop(self, loader: Prefetcher) -> dict[str, Any] | None:
         cfg = self.cfg

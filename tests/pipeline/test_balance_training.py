@@ -8,10 +8,13 @@ partial sums of the loss/gradients, the arrival order of duplicate embedding
 rows). Hence equality up to a small relative tolerance, not bit equality.
 """
 
+import json
+
 import pytest
 import torch
 
 from freescale.pipeline.config import build_config
+from freescale.pipeline.launch import launch
 from freescale.pipeline.train import Trainer
 from freescale.testing import run_ranks
 
@@ -23,9 +26,9 @@ RTOL, ATOL = 1e-4, 1e-6
 DENSE_ATOL = 1e-3
 
 
-def _train(balance: str, mode: str) -> dict:
+def _train(balance: str, mode: str, *extra: str) -> dict:
     cfg = ["steps=10", "warmup=1", "eval_every=0", "progress=false", f"balance={balance}",
-           f"mode={mode}"]  # fmt: skip
+           f"mode={mode}", *extra]  # fmt: skip
     trainer = Trainer(build_config("demo", cfg))
     trainer.run()
     return {
@@ -61,3 +64,17 @@ def test_balanced_training_matches_unbalanced_at_four_ranks():
     torch.testing.assert_close(got["table"], base["table"], rtol=RTOL, atol=ATOL)
     for k, v in base["dense"].items():
         torch.testing.assert_close(got["dense"][k], v, rtol=RTOL, atol=DENSE_ATOL)
+
+
+def _losses(tmp_path, plan_process: str) -> list[float]:
+    path = tmp_path / f"{plan_process}.jsonl"
+    cfg = ["steps=10", "warmup=1", "eval_every=0", "progress=false", "balance=fbs",
+           f"plan_process={plan_process}", f"metrics_path={path}"]  # fmt: skip
+    launch(build_config("demo", cfg))  # spawned ranks: run_ranks' daemons can't fork
+    return [json.loads(line)["loss"] for line in path.read_text().splitlines()]
+
+
+def test_planning_in_a_helper_process_gives_the_same_run(tmp_path):
+    """The partitioner in its own process (off the trainer's GIL) plans exactly
+    as in the balancer's thread: FBS depends on the lengths only."""
+    assert _losses(tmp_path, "on") == _losses(tmp_path, "off")

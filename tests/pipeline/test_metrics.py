@@ -41,7 +41,7 @@ def test_extra_compute_on_one_rank_is_its_straggler_share(tmp_path):
 
 @pytest.mark.slow
 def test_slow_loader_on_one_rank_is_data_wait_not_straggling(tmp_path):
-    delay = 150.0  # well above the demo's step time (~50 ms on 2 cores)
+    delay = 250.0  # well above the demo's step time (~50 ms on 2 cores, ~100 ms under load)
     steps, summary = _steps(tmp_path, "loader", [f"delay_loader_ms={delay}", "delay_ranks=1"])
     wait0 = statistics.mean(r["data_wait_ms_ranks"][0] for r in steps)
     wait1 = statistics.mean(r["data_wait_ms_ranks"][1] for r in steps)
@@ -49,7 +49,7 @@ def test_slow_loader_on_one_rank_is_data_wait_not_straggling(tmp_path):
     assert step > 0.9 * delay, step  # the run is loader-bound
     assert wait0 < 5.0, wait0
     # Rank 1 starves for what its loader is slower than the rest of its step.
-    assert wait1 > 0.4 * delay, wait1
+    assert wait1 > 0.3 * delay, wait1
     # Counted as compute, the wait would give a straggler % near
     # 100 * wait1 / (2 * step) (about 25 here); as data wait it does not.
     assert summary["straggler_pct"] < 0.25 * (100 * wait1 / (2 * step)), summary
