@@ -1,10 +1,8 @@
 """The staged training loop of one rank: load → forward → backward → optimizer → metrics.
 
-Modes (all produce identical numbers):
-- ``sync``: everything blocks in place ("vanilla TorchRec");
-- ``sdd``: the ids exchange (and the step's candidate count) of step i+1 is
-  issued during step i and only waited for in step i+1's forward
-  (TorchRec's sparse data dist).
+The modes (``sync``, ``sdd``, ``freescale``; all produce identical numbers)
+differ only in what they issue early and wait for where: each is one
+`freescale.pipeline.schedule` object whose hooks the loop calls.
 """
 
 from __future__ import annotations
@@ -24,7 +22,6 @@ from torch import Tensor
 from freescale.comm import TorchCommunicator
 from freescale.embedding import swap
 from freescale.jagged.batch import SampleBatch
-from freescale.jagged.ops import host_to_device
 from freescale.models.loss import bce_loss, bce_sum, bce_total, normalized_entropy
 from freescale.models.sequence import SequenceModel
 from freescale.pipeline.balancing import BalanceStage, Feed, host_lengths
@@ -32,6 +29,7 @@ from freescale.pipeline.config import TrainConfig, trace_window
 from freescale.pipeline.faults import ComputeDelay, applies
 from freescale.pipeline.loader import BatchInfo, Prefetcher, default_workers
 from freescale.pipeline.metrics import JsonLines, RankStep, RunSummary, gather_step, summarize_step
+from freescale.pipeline.schedule import SCHEDULES
 from freescale.pipeline.setup import (
     DenseSync,
     check_data,
@@ -88,6 +86,9 @@ class Trainer:
         self.embeddings = swap(self.model, sharding_plan(cfg), self.comm, self.device)
         self.embeddings.timer = self.timer.section
         self.dense = DenseSync(self.model, self.timer.seq_mark)
+        self.schedule = SCHEDULES[cfg.mode](
+            self.model, self.embeddings, self.device, self.timer.section
+        )
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.dense_lr)
         self.autocast = torch.autocast(
             self.device.type, dtype=torch.bfloat16, enabled=cfg.amp == "bf16"
@@ -109,32 +110,12 @@ class Trainer:
         self.delay_loader_ms = cfg.delay_loader_ms if delayed else 0.0
 
     # ---- stages ------------------------------------------------------------
-    def _count_work(self, info: BatchInfo) -> Any:
-        """Issue the all-reduce of the step's global candidate count."""
-        count = host_to_device(torch.tensor([info.candidates], dtype=torch.int64), self.device)
-        return count, dist.all_reduce(count, async_op=True)
-
-    def _prefetch(self, batch: SampleBatch, info: BatchInfo, *_: Any) -> Any:
-        """sdd: start everything about ``batch`` that does not depend on parameters."""
-        for path, ids in self.model.embedding_inputs(batch).items():
-            self.model.get_submodule(path).prefetch(ids)
-        return None if info.global_candidates is not None else self._count_work(info)
-
-    def _global_count(self, info: BatchInfo, count_work: Any) -> int | Tensor:
-        if info.global_candidates is not None:  # the balancer gathered it already
-            return info.global_candidates
-        with self.timer.section("meta"):
-            count, work = count_work if count_work is not None else self._count_work(info)
-            work.wait()
-            return count  # stays on the device: the loss divides by it without a host read
-
-    def _train_step(self, batch: SampleBatch, info: BatchInfo, count_work: Any) -> Tensor:
-        global_count = self._global_count(info, count_work)
+    def _train_step(self, batch: SampleBatch, info: BatchInfo) -> Tensor:
+        global_count = self.schedule.global_count(info)
         with self.autocast:
             logits = self.dense.ddp(batch, max_uih=info.max_uih, max_candidates=info.max_candidates)
         self.delay_compute()
-        if self.cfg.mode == "sdd":
-            self.embeddings.prefetch_ids()  # next batch's ids AllToAll overlaps backward
+        self.schedule.after_forward()
         if self.balance is not None:
             # Here the host is far ahead of the GPU (forward only launched kernels);
             # after backward it is not: the sparse update reads sizes back.
@@ -158,6 +139,7 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
         """NE on held-out samples (every rank its slice; sums all-reduced)."""
+        self.schedule.flush()  # the tables as sync training would have them now
         totals = torch.zeros(3, dtype=torch.float64, device=self.device)
         with self.embeddings.prefetch_disabled():
             for k in range(self.cfg.eval_batches):
@@ -205,7 +187,7 @@ class Trainer:
         start = time.perf_counter()
         feed = Feed(loader, self.balance, cfg.steps, self.timer.section)
         nxt = feed.take()
-        next_count = self._prefetch(*nxt) if cfg.mode == "sdd" else None
+        self.schedule.upcoming(*nxt[:2])
         self.timer.take()  # filling the pipeline is no step's time
         pending: StepRecord | None = None
         host_syncs = contextlib.ExitStack()
@@ -213,12 +195,12 @@ class Trainer:
             if step == cfg.warmup:
                 host_syncs.enter_context(report_host_syncs(cfg.sync_debug, self.rank))
             step_start = self.timer.mark()
-            (batch, info, handle), count_work = nxt, next_count
+            batch, info, handle = nxt
             feed.start_future(step)  # balancer stage I for step + 2
             if step + 1 < cfg.steps:
                 nxt = feed.take()
-                next_count = self._prefetch(*nxt) if cfg.mode == "sdd" else None
-            bce = self._train_step(batch, info, count_work)
+                self.schedule.upcoming(*nxt[:2])
+            bce = self._train_step(batch, info)
             self.timer.add_interval("step", step_start, self.timer.mark())
             on_device = [bce.double()]
             if math.isnan(info.positives):  # labels moved with the balanced samples
@@ -232,6 +214,7 @@ class Trainer:
             pending = record
             if profiler is not None:
                 profiler.step()
+        self.schedule.flush()
         if pending is not None:
             self._finish_step(pending, start)
         host_syncs.close()

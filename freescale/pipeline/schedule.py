@@ -1,0 +1,102 @@
+"""What each training mode issues early, what it waits for, and where.
+
+The trainer calls the same hooks in every mode; a mode is one small object
+that decides what happens in them (step i, batch i+1 already known):
+
+- ``upcoming(batch i+1)``, at the start of step i.
+  `sync`: nothing. `sdd`: the preflight exchange and the candidate count of
+  i+1. `freescale`: the same, and the embedding collection's prefetch of
+  i+1 (apply the stashed X^(i-1), exchange the ids of i+1, look up N^(i+1)
+  and send it with the collision mask).
+- ``global_count(step i)``: `sync` all-reduces the count now (blocking);
+  the others waited for the one issued a step earlier.
+- ``after_forward()``: `sdd` issues the ids AllToAll of i+1 (it overlaps
+  backward); the others do nothing.
+- backward (inside the embedding collection): `sync`/`sdd` exchange and
+  apply the gradients of every row; `freescale` only the collision rows
+  now, the rest at the start of step i+1.
+- ``flush()`` (evaluation, the end, checkpoints): `freescale` applies its
+  stash; the others have none.
+
+All three compute the same numbers (tests/pipeline/test_train.py): a mode
+changes when collectives run, never what they compute.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from freescale.jagged.batch import SampleBatch
+from freescale.jagged.ops import host_to_device
+from freescale.pipeline.loader import BatchInfo
+
+
+class Schedule:
+    """`sync` ("vanilla TorchRec"): nothing is issued early."""
+
+    def __init__(self, model: Any, embeddings: Any, device: torch.device, timer: Any) -> None:
+        self.model, self.embeddings, self.device, self.timer = model, embeddings, device, timer
+        self._counts: deque[Any] = deque()  # issued count all-reduces, in step order
+
+    def upcoming(self, batch: SampleBatch, info: BatchInfo) -> None:
+        """The batch after the current one is known (its step is next)."""
+
+    def after_forward(self) -> None:
+        """Forward of the current step has been launched."""
+
+    def flush(self) -> None:
+        """Make the tables exact now (before evaluation, checkpoints, the end)."""
+
+    def global_count(self, info: BatchInfo) -> int | Tensor:
+        """The step's global candidate count (the loss normalizer)."""
+        if info.global_candidates is not None:  # the balancer gathered it already
+            return info.global_candidates
+        with self.timer("meta"):
+            count, work = self._counts.popleft() if self._counts else self._issue_count(info)
+            work.wait()
+            return count  # stays on the device: the loss divides by it without a host read
+
+    def _issue_count(self, info: BatchInfo) -> tuple[Tensor, Any]:
+        count = host_to_device(torch.tensor([info.candidates], dtype=torch.int64), self.device)
+        return count, dist.all_reduce(count, async_op=True)
+
+    def _prefetch(self, batch: SampleBatch, info: BatchInfo) -> None:
+        for path, ids in self.model.embedding_inputs(batch).items():
+            self.model.get_submodule(path).prefetch(ids)
+        if info.global_candidates is None:
+            self._counts.append(self._issue_count(info))
+
+
+class SparseDataDist(Schedule):
+    """`sdd` (TorchRec's sparse data dist): the ids exchange of step i+1
+    overlaps step i; its counts are read after step i's forward."""
+
+    def upcoming(self, batch: SampleBatch, info: BatchInfo) -> None:
+        self._prefetch(batch, info)
+
+    def after_forward(self) -> None:
+        self.embeddings.prefetch_ids()  # next batch's ids AllToAll overlaps backward
+
+
+class Prioritized(Schedule):
+    """`freescale` (paper Algorithm 2): step i+1's embeddings are looked up
+    during step i except the collision rows, which step i's backward updates
+    and sends; the rest of step i's update is applied at the start of step i+1."""
+
+    def __init__(self, model: Any, embeddings: Any, device: torch.device, timer: Any) -> None:
+        super().__init__(model, embeddings, device, timer)
+        embeddings.set_prioritized(True)
+
+    def upcoming(self, batch: SampleBatch, info: BatchInfo) -> None:
+        self._prefetch(batch, info)
+
+    def flush(self) -> None:
+        self.embeddings.flush()
+
+
+SCHEDULES = {"sync": Schedule, "sdd": SparseDataDist, "freescale": Prioritized}
