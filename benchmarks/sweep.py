@@ -41,6 +41,8 @@ def parser(description: str, defaults: dict[str, str], out: str) -> argparse.Arg
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--trace-steps", default="", help="e.g. 20-21: trace these steps per point")
     p.add_argument("--set", dest="overrides", action="append", default=[])
+    p.add_argument("--vary", action="append", default=list(defaults.get("vary", [])),
+                   help="one more grid axis: any config key, e.g. step_overlap=1,0.5,0")
     p.add_argument("--out", default=f"benchmarks/results/{out}-{date.today()}")
     return p
 
@@ -53,6 +55,7 @@ def run(args: argparse.Namespace, title: str) -> list[dict]:
     out = Path(args.out)
     raw = out.parent / f"{out.name}-steps"
     raw.mkdir(parents=True, exist_ok=True)
+    extra_axes = dict(v.split("=", 1) for v in args.vary)
     grid = list(
         itertools.product(
             _ints(args.nproc),
@@ -60,11 +63,12 @@ def run(args: argparse.Namespace, title: str) -> list[dict]:
             _ints(args.batch),
             args.modes.split(","),
             args.balance.split(","),
+            *(values.split(",") for values in extra_axes.values()),
         )
     )
     rows = []
     for k, point in enumerate(grid, 1):
-        settings = dict(zip(AXES, point, strict=True))
+        settings = dict(zip((*AXES, *extra_axes), point, strict=True))
         slug = "-".join(f"{a}{v}" for a, v in settings.items())
         extra = [f"metrics_path={raw / slug}.jsonl"]
         trace = raw / f"{slug}-trace.json.gz"

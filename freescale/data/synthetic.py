@@ -43,6 +43,10 @@ class SyntheticConfig:
     latent_buckets: int = 4096
     signal: float = 3.0
     seed: int = 0
+    # Share of ids drawn from the popularity law common to all steps; the rest
+    # is moved to rows private to the step, so consecutive steps collide less
+    # (1.0: the plain Zipf stream; 0.0: consecutive steps share almost no row).
+    step_overlap: float = 1.0
 
     def __post_init__(self) -> None:
         positive = {
@@ -59,6 +63,8 @@ class SyntheticConfig:
             raise ValueError("max_uih, max_content and dense_dim must be >= 0")
         if self.zipf_alpha <= 0:
             raise ValueError(f"zipf_alpha must be > 0, got {self.zipf_alpha}")
+        if not 0.0 <= self.step_overlap <= 1.0:
+            raise ValueError(f"step_overlap must lie in [0, 1], got {self.step_overlap}")
 
 
 @dataclass
@@ -151,11 +157,31 @@ class SyntheticSource:
                 f"bad batch request: step={step} rank={rank}/{world_size} batch_size={batch_size}"
             )
         first = (step * world_size + rank) * batch_size
+        samples = [self.raw_sample(g) for g in range(first, first + batch_size)]
+        if self.config.step_overlap < 1.0:
+            samples = [self._step_private(s, step, g) for g, s in enumerate(samples, first)]
         return samples_to_batch(
-            [self.raw_sample(g) for g in range(first, first + batch_size)],
+            samples,
             torch.arange(first, first + batch_size, dtype=torch.int64),
             self.config.dense_dim,
         )
+
+    def _step_private(self, sample: RawSample, step: int, g: int) -> RawSample:
+        """Move a ``1 - step_overlap`` share of the sample's ids (chosen by a
+        seeded draw per id) to rows shifted by a step-dependent offset: the
+        same popularity, but rows that the neighbouring steps do not read."""
+        rng = np.random.default_rng([self.config.seed, g, 0x5EED])
+        n = self.config.num_items
+        shift = (step + 1) * 0x9E3779B1 % n  # odd multiplier: steps land far apart
+
+        def move(ids: np.ndarray) -> np.ndarray:
+            private = rng.random(ids.size) >= self.config.step_overlap
+            return np.where(private, (ids + shift) % n, ids)
+
+        return RawSample(
+            move(sample.uih_ids), sample.actions, sample.timestamps, move(sample.cand_ids),
+            sample.labels, sample.content_lengths, move(sample.content_ids), sample.dense,
+        )  # fmt: skip
 
 
 def samples_to_batch(

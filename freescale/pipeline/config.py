@@ -41,6 +41,7 @@ class TrainConfig:
     length_sigma: float = 0.8
     length_cap: int = 64
     zipf_alpha: float = 1.05
+    step_overlap: float = 1.0  # synthetic: share of ids common to consecutive steps
     max_candidates: int = 4
     max_content: int = 2
     # model
@@ -106,6 +107,8 @@ class TrainConfig:
             )
         if self.dim % self.heads:
             raise ValueError(f"dim ({self.dim}) must be divisible by heads ({self.heads})")
+        if not 0.0 <= self.step_overlap <= 1.0:
+            raise ValueError(f"step_overlap must lie in [0, 1], got {self.step_overlap}")
         if self.dense_lr <= 0 or self.emb_lr <= 0:
             raise ValueError("dense_lr and emb_lr must be > 0")
         if self.trace_steps:

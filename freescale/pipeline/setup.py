@@ -55,6 +55,7 @@ def make_source(cfg: TrainConfig) -> DataSource:
         max_candidates=cfg.max_candidates,
         max_content=cfg.max_content,
         seed=cfg.seed,
+        step_overlap=cfg.step_overlap,
     )
     return open_source(cfg.data, synthetic, SequenceSampling(max_uih=cfg.max_uih, seed=cfg.seed))
 

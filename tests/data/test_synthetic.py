@@ -1,3 +1,5 @@
+import statistics
+
 import numpy as np
 import pytest
 import torch
@@ -6,6 +8,7 @@ from freescale.data import LengthDistribution, SyntheticConfig, SyntheticSource
 from freescale.data.distributions import IdScramble, zipf_ranks
 from freescale.data.stats import batch_sparsity
 from freescale.jagged import SampleBatch
+from freescale.jagged.batch import CAND_IDS, CONTENT_IDS, UIH_IDS
 
 SMALL = SyntheticConfig(
     num_items=5000,
@@ -125,3 +128,34 @@ def test_bad_length_distribution_raises():
 def test_bad_batch_request_raises():
     with pytest.raises(ValueError, match="bad batch request"):
         SyntheticSource(SMALL).batch(0, 3, 2, 4)
+
+
+def _collision(source: SyntheticSource, step: int) -> float:
+    """Share of step ``step``'s unique rows that step ``step + 1`` reads again."""
+
+    def rows(s: int) -> set[int]:
+        b = source.batch(s, 0, 1, 16)
+        return set(torch.cat([b.uih[UIH_IDS], b.candidates[CAND_IDS],
+                              b.content[CONTENT_IDS]]).tolist())  # fmt: skip
+
+    now, nxt = rows(step), rows(step + 1)
+    return len(now & nxt) / len(now)
+
+
+def test_step_overlap_controls_consecutive_step_collisions():
+    def cfg(overlap: float) -> SyntheticConfig:
+        return SyntheticConfig(num_items=5_000, zipf_alpha=1.1, max_uih=64,
+                               lengths=LengthDistribution(median=40, sigma=0.5, cap=64),
+                               step_overlap=overlap)  # fmt: skip
+
+    rates = [statistics.mean(_collision(SyntheticSource(cfg(o)), s) for s in range(3))
+             for o in (1.0, 0.5, 0.0)]  # fmt: skip
+    assert rates[0] > rates[1] > rates[2], rates
+    assert rates[2] < 0.2 * rates[0], rates
+    # Only ids move: lengths, labels and sample ids are those of the plain stream.
+    plain = SyntheticSource(cfg(1.0)).batch(3, 1, 2, 4)
+    moved = SyntheticSource(cfg(0.5)).batch(3, 1, 2, 4)
+    assert torch.equal(plain.uih.offsets, moved.uih.offsets)
+    assert torch.equal(plain.labels, moved.labels)
+    assert torch.equal(plain.content.offsets, moved.content.offsets)
+    assert not torch.equal(plain.uih[UIH_IDS], moved.uih[UIH_IDS])
