@@ -41,8 +41,12 @@ def parser(description: str, defaults: dict[str, str], out: str) -> argparse.Arg
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--trace-steps", default="", help="e.g. 20-21: trace these steps per point")
     p.add_argument("--set", dest="overrides", action="append", default=[])
-    p.add_argument("--vary", action="append", default=list(defaults.get("vary", [])),
-                   help="one more grid axis: any config key, e.g. step_overlap=1,0.5,0")
+    p.add_argument(
+        "--vary",
+        action="append",
+        default=list(defaults.get("vary", [])),
+        help="one more grid axis: any config key, e.g. step_overlap=1,0.5,0",
+    )
     p.add_argument("--out", default=f"benchmarks/results/{out}-{date.today()}")
     return p
 
