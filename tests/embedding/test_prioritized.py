@@ -1,0 +1,220 @@
+"""Prioritized updates are bit-identical to the synchronous path (gloo ranks, W = 1, 2, 4).
+
+The same sequence of global batches is trained twice per rank, synchronously
+and with prioritized updates, for SGD with an lr schedule that changes every
+step, row-wise Adagrad and Adam, over batches whose rows collide with the
+previous step's at a designed rate (0 %, ~5 %, ~50 %, 100 % = identical
+batches). Outputs, losses, tables, optimizer state and step counters must be
+equal bit for bit. The schedule varies on purpose: prefetch before and after
+forward, one step not prefetched (its forward runs in place), a flush and an
+evaluation lookup between steps, and a last step with nothing prefetched.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from freescale.comm import TorchCommunicator
+from freescale.jagged import JaggedTensor
+from freescale.testing import run_ranks
+from tests.embedding._train import (
+    SAMPLES,
+    make_collection,
+    pack,
+    snapshot,
+    split_sizes,
+    targets,
+    unpack,
+)
+
+# feature -> table; "c2" is a plain [samples, 2] tensor, the others are jagged.
+FEATURES = {"uih": "items", "cand": "items", "act": "actions", "c2": "cands"}
+ROWS = {"items": 97, "actions": 13, "cands": 41}
+DISTINCT = {"items": 24, "actions": 5, "cands": 12}  # rows each table reads per step
+RATES = (0.0, 0.05, 0.5, 1.0)
+OPTIMIZERS = ("sgd", "adagrad", "adam")
+STEPS = 8
+GAP = 2  # step GAP does not prefetch step GAP + 1
+PLANS = {1: {}, 2: {"assignment": "block"}, 4: {"assignment": "hashed", "block_size": 3}}
+
+
+# ---- data: consecutive batches sharing a designed fraction of their rows ------
+def designed_batches(rate: float, steps: int = STEPS, seed: int = 5) -> list:
+    """Global batches; of the rows table t reads at step i+1, ``round(rate * m)``
+    were read at step i and the rest were not (``rate == 1``: identical batches)."""
+    g = torch.Generator().manual_seed(seed)
+    batches: list = []
+    prev: dict[str, torch.Tensor] = {}
+    for _ in range(steps):
+        if rate == 1.0 and batches:
+            batches.append(batches[-1])
+            continue
+        uih = torch.randint(0, 8, (SAMPLES,), generator=g)
+        lengths = {
+            "uih": uih,
+            "act": uih,
+            "cand": torch.randint(0, 4, (SAMPLES,), generator=g),
+            "c2": torch.full((SAMPLES,), 2),
+        }
+        ids = {}
+        for table in ROWS:
+            feats = [f for f, t in FEATURES.items() if t == table]
+            total = int(sum(lengths[f].sum() for f in feats))
+            rows = _row_set(table, total, rate, prev.get(table), g)
+            prev[table] = rows
+            pool = torch.cat(
+                [rows, rows[torch.randint(0, rows.numel(), (total - rows.numel(),), generator=g)]]
+            )
+            pool = pool[torch.randperm(total, generator=g)]
+            sizes = [int(lengths[f].sum()) for f in feats]
+            for f, piece in zip(feats, pool.split(sizes), strict=True):
+                ids[f] = piece
+        weights = torch.rand(SAMPLES, generator=g) + 0.5
+        batches.append(({f: (lengths[f], ids[f]) for f in FEATURES}, weights))
+    return batches
+
+
+def _row_set(table: str, total: int, rate: float, prev, g) -> torch.Tensor:
+    m = min(DISTINCT[table], total)
+    if prev is None:
+        return torch.randperm(ROWS[table], generator=g)[:m]
+    k = min(round(rate * m), prev.numel())
+    shared = prev[torch.randperm(prev.numel(), generator=g)[:k]]
+    fresh = torch.ones(ROWS[table], dtype=torch.bool)
+    fresh[prev] = False
+    others = torch.nonzero(fresh).squeeze(1)
+    return torch.cat([shared, others[torch.randperm(others.numel(), generator=g)[: m - k]]])
+
+
+def local_batch(batch, step: int, rank: int, world_size: int):
+    """This rank's samples of a global batch: features and per-id loss weights."""
+    per_feature, weights = batch
+    sizes = split_sizes(step, world_size)
+    lo, hi = sum(sizes[:rank]), sum(sizes[: rank + 1])
+    features, id_weights = {}, {}
+    for f, (lengths, ids) in per_feature.items():
+        offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+        values = ids[int(offsets[lo]) : int(offsets[hi])]
+        if f == "c2":
+            features[f] = values.reshape(-1, 2)
+        else:
+            features[f] = JaggedTensor.from_lengths(values, lengths[lo:hi])
+        id_weights[f] = torch.repeat_interleave(weights[lo:hi], lengths[lo:hi])
+    return features, id_weights
+
+
+def values_of(x) -> torch.Tensor:
+    return x.values if isinstance(x, JaggedTensor) else x.reshape(-1, x.shape[-1])
+
+
+def ids_of(x) -> torch.Tensor:
+    return x.values if isinstance(x, JaggedTensor) else x.reshape(-1)
+
+
+def loss_of(outputs: dict, features: dict, id_weights: dict, tgt: dict) -> torch.Tensor:
+    total = torch.zeros(())
+    for f, emb in outputs.items():
+        diff = values_of(emb) - tgt[FEATURES[f]][ids_of(features[f])]
+        total = total + (id_weights[f] * 0.5 * diff.pow(2).sum(1)).sum()
+    return total / SAMPLES
+
+
+# ---- one training run on one rank ---------------------------------------------
+def train(coll, comm, batches, prioritized: bool, first: int = 0, gap: int | None = GAP) -> dict:
+    """Steps ``first..`` of ``batches``; prioritized runs prefetch step i+1 before
+    forward on even steps, after it on odd ones, and skip the prefetch at ``gap``."""
+    tgt = targets()
+    local = [local_batch(b, s, comm.rank, comm.world_size) for s, b in enumerate(batches)]
+    steps = range(first, len(batches))
+    if prioritized:
+        coll.prefetch(local[first][0])
+    out = {"outputs": [], "losses": [], "stats": [], "eval": None}
+    for step in steps:
+        features, id_weights = local[step]
+        ahead = prioritized and step + 1 < len(batches) and step != gap
+        if ahead and step % 2 == 0:
+            coll.prefetch(local[step + 1][0])
+        outputs = coll(features)
+        if ahead and step % 2 == 1:
+            coll.prefetch(local[step + 1][0])
+        stats = coll.collision_stats() if ahead else None
+        out["stats"].append(None if stats is None else [int(t) for t in vars(stats).values()])
+        loss = loss_of(outputs, features, id_weights, tgt)
+        loss.backward()
+        out["outputs"].append({f: values_of(v).detach().clone() for f, v in outputs.items()})
+        out["losses"].append(loss.item())
+        if step == 4:
+            coll.flush()  # an early flush leaves the prefetched rows valid
+            with torch.no_grad():  # an evaluation lookup between steps
+                evaluated = coll(local[0][0])
+            out["eval"] = {f: values_of(v).clone() for f, v in evaluated.items()}
+    out["tables"] = snapshot(coll)
+    return out
+
+
+def _parity_rank(world_size: int) -> bytes:
+    comm = TorchCommunicator()
+    results = {}
+    for rate in RATES:
+        batches = designed_batches(rate)
+        for opt in OPTIMIZERS:
+            runs = {}
+            for prioritized in (False, True):
+                coll = make_collection(comm, opt, PLANS[world_size])
+                coll.set_prioritized(prioritized)
+                runs[prioritized] = train(coll, comm, batches, prioritized)
+            results[(rate, opt)] = runs
+    return pack(results)
+
+
+def _expected_stats(batches) -> list[list[int]]:
+    """Global (C rows, rows of i+1, C ids, ids of i+1) of each step with its next."""
+    out = []
+    for (now, _), (nxt, _) in itertools.pairwise(batches):
+        c = rn = ci = n = 0
+        for table in ROWS:
+            ids_now = torch.cat([now[f][1] for f, t in FEATURES.items() if t == table])
+            ids_next = torch.cat([nxt[f][1] for f, t in FEATURES.items() if t == table])
+            hit = torch.isin(ids_next, ids_now)
+            c += int(torch.isin(ids_next.unique(), ids_now).sum())
+            rn += int(ids_next.unique().numel())
+            ci, n = ci + int(hit.sum()), n + ids_next.numel()
+        out.append([c, rn, ci, n])
+    return out
+
+
+def _assert_equal_runs(sync: dict, prio: dict) -> None:
+    assert sync["losses"] == prio["losses"]
+    for a, b in zip(sync["outputs"], prio["outputs"], strict=True):
+        assert a.keys() == b.keys()
+        assert all(torch.equal(a[f], b[f]) for f in a)
+    assert all(torch.equal(sync["eval"][f], prio["eval"][f]) for f in sync["eval"])
+    for name, table in sync["tables"].items():
+        other = prio["tables"][name]
+        assert table["step"] == other["step"] == STEPS
+        assert torch.equal(table["weight"], other["weight"]), name
+        assert table["state"].keys() == other["state"].keys()
+        for key, value in table["state"].items():
+            assert torch.equal(value, other["state"][key]), f"{name} {key}"
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+def test_prioritized_is_bit_identical_to_sync(world_size):
+    per_rank = [unpack(r) for r in run_ranks(_parity_rank, world_size, world_size, timeout=240)]
+    for rate in RATES:
+        expected = _expected_stats(designed_batches(rate))
+        for opt in OPTIMIZERS:
+            for r in per_rank:
+                _assert_equal_runs(r[(rate, opt)][False], r[(rate, opt)][True])
+            # Per-rank stats (shard-major) add up to the global collision of the batches.
+            for step in range(STEPS - 1):
+                got = [r[(rate, opt)][True]["stats"][step] for r in per_rank]
+                if step == GAP:
+                    assert got == [None] * world_size
+                    continue
+                assert [sum(s[k] for s in got) for k in range(4)] == expected[step]
+        c, rn, _, _ = (sum(s[k] for s in expected) for k in range(4))
+        assert c / rn == pytest.approx(rate, abs=0.02)  # the designed collision rate
