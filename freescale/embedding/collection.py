@@ -120,11 +120,12 @@ class ShardedEmbeddingCollection(nn.Module):
         `freescale.embedding.prioritized`): call it for step i+1 before step
         i's backward, at most one step ahead.
         """
-        prepared = self._start(features)
         if self._prio is not None:
-            self._schedule().prefetch(prepared)
+            prio = self._schedule()
+            prio.check_can_prefetch()  # before any collective is issued
+            prio.prefetch(self._start(features))
         else:
-            self._pending.append(prepared)
+            self._pending.append(self._start(features))
 
     def prefetch_ids(self) -> None:
         """Read the counts of every prefetched call and issue its ids AllToAll."""

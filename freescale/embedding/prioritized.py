@@ -109,12 +109,11 @@ class PrioritizedSchedule:
     # ---- off the critical path ---------------------------------------------
     def prefetch(self, prepared: input_dist.PreparedLookup) -> StepState:
         """Everything about the lookup ``prepared`` that waits for no update."""
-        if len(self.steps) == 2:
-            raise RuntimeError("prioritized updates prefetch at most one step ahead")
+        self.check_can_prefetch()
         self.flush()
         state = StepState(prepared)
+        input_dist.issue_ids(prepared, self.comm, self.timer)
         with self.timer("ids_a2a"):
-            input_dist.issue_ids(prepared, self.comm, self.timer)
             for call in prepared.calls:
                 assert call.ids_work is not None
                 call.recv_slots, call.ids_work = call.ids_work.wait(), None
@@ -132,6 +131,13 @@ class PrioritizedSchedule:
             state.exclusive[g] = self._send_exclusive(call, state.prev.get(g))
         self.steps.append(state)
         return state
+
+    def check_can_prefetch(self) -> None:
+        if len(self.steps) == 2:
+            raise RuntimeError(
+                "prioritized updates prefetch at most one step ahead: call backward of "
+                "the current step first"
+            )
 
     def _send_exclusive(self, call: GroupCall, lk: Link | None) -> Work:
         """Look up the rows of ``call`` that no earlier update will change; send them."""

@@ -17,7 +17,7 @@ import itertools
 import pytest
 import torch
 
-from freescale.comm import TorchCommunicator
+from freescale.comm import TorchCommunicator, run_threads
 from freescale.jagged import JaggedTensor
 from freescale.testing import run_ranks
 from tests.embedding._train import (
@@ -218,3 +218,121 @@ def test_prioritized_is_bit_identical_to_sync(world_size):
                 assert [sum(s[k] for s in got) for k in range(4)] == expected[step]
         c, rn, _, _ = (sum(s[k] for s in expected) for k in range(4))
         assert c / rn == pytest.approx(rate, abs=0.02)  # the designed collision rate
+
+
+# ---- checkpoint with a non-empty stash, mode switches --------------------------
+def _run(coll, comm, local, steps, tgt, prefetch: bool = True) -> list[float]:
+    """Prefetch step i+1 before step i's forward (if it exists and ``prefetch``)."""
+    losses = []
+    for step in steps:
+        if prefetch and step + 1 < len(local):
+            coll.prefetch(local[step + 1][0])
+        features, id_weights = local[step]
+        loss = loss_of(coll(features), features, id_weights, tgt)
+        loss.backward()
+        losses.append(loss.item())
+    return losses
+
+
+def _checkpoint_rank() -> bytes:
+    comm, plan, tgt = TorchCommunicator(), {"block_size": 2}, targets()
+    batches = designed_batches(0.5, steps=10)
+    local = [local_batch(b, s, comm.rank, comm.world_size) for s, b in enumerate(batches)]
+
+    def fresh(seed: int = 0):
+        coll = make_collection(comm, "adam", plan, seed=seed)
+        coll.set_prioritized(True)
+        return coll
+
+    uninterrupted = fresh()
+    uninterrupted.prefetch(local[0][0])
+    expected = _run(uninterrupted, comm, local, range(10), tgt)
+    # Stop after step 4: step 5 is prefetched, X^4 is stashed.
+    first = fresh()
+    first.prefetch(local[0][0])
+    losses = _run(first, comm, local, range(5), tgt)
+    stashed = sum(d.slots.numel() for d in first._prio.stash)
+    first.flush()
+    state = {k: v.clone() for k, v in first.state_dict().items()}
+    resumed = fresh(seed=7)
+    resumed.set_table("items", torch.zeros(97, 8))
+    resumed.load_state_dict(state)
+    resumed.prefetch(local[5][0])
+    resumed_losses = losses + _run(resumed, comm, local, range(5, 10), tgt)
+    continued_losses = losses + _run(first, comm, local, range(5, 10), tgt)  # after the flush
+    # Sync -> prioritized -> sync: switching off with a step prefetched drains it.
+    switched = make_collection(comm, "adam", plan)
+    switched_losses = _run(switched, comm, local, range(3), tgt, prefetch=False)
+    switched.set_prioritized(True)
+    switched.prefetch(local[3][0])
+    switched_losses += _run(switched, comm, local, range(3, 7), tgt)
+    switched.set_prioritized(False)
+    switched_losses += _run(switched, comm, local, range(7, 10), tgt, prefetch=False)
+    runs = {
+        name: {"losses": ls, "tables": snapshot(c)}
+        for name, ls, c in (
+            ("uninterrupted", expected, uninterrupted),
+            ("resumed", resumed_losses, resumed),
+            ("continued", continued_losses, first),
+            ("switched", switched_losses, switched),
+        )
+    }
+    return pack({"runs": runs, "stashed": stashed})
+
+
+def test_checkpoint_with_a_stash_and_mode_switches_are_bit_identical():
+    per_rank = [unpack(r) for r in run_ranks(_checkpoint_rank, 2, timeout=120)]
+    assert sum(r["stashed"] for r in per_rank) > 0  # the checkpoint had a deferred update
+    for r in per_rank:
+        want = r["runs"]["uninterrupted"]
+        for name in ("resumed", "continued", "switched"):
+            got = r["runs"][name]
+            assert got["losses"] == want["losses"], name
+            for table, t in want["tables"].items():
+                assert got["tables"][table]["step"] == t["step"] == 10
+                assert torch.equal(got["tables"][table]["weight"], t["weight"]), name
+                for key, value in t["state"].items():
+                    assert torch.equal(got["tables"][table]["state"][key], value), name
+
+
+# ---- misuse fails loudly ---------------------------------------------------------
+def _misuse(comm) -> list[str]:
+    coll = make_collection(comm, "sgd", {})
+    coll.set_prioritized(True)
+    local = [
+        local_batch(b, s, comm.rank, comm.world_size)
+        for s, b in enumerate(designed_batches(0.5, 3))
+    ]
+    errors = []
+    coll.prefetch(local[0][0])
+    coll.prefetch(local[1][0])
+    for attempt in (
+        lambda: coll.prefetch(local[2][0]),  # two steps ahead
+        lambda: coll(local[1][0]),  # not the prefetched call
+    ):
+        try:
+            attempt()
+        except RuntimeError as e:
+            errors.append(str(e))
+    out = coll(local[0][0])
+    try:
+        coll(local[1][0])  # a second forward before backward
+    except RuntimeError as e:
+        errors.append(str(e))
+    with coll.prefetch_disabled():
+        try:
+            coll(local[1][0])  # a training lookup outside the schedule
+        except RuntimeError as e:
+            errors.append(str(e))
+    loss = sum(values_of(v).sum() for v in out.values())
+    loss.backward()
+    return errors
+
+
+def test_misuse_raises_on_every_rank():
+    for errors in run_threads(_misuse, 2):
+        assert len(errors) == 4
+        assert "at most one step ahead" in errors[0]
+        assert "does not match" in errors[1]
+        assert "backpropagate through it before the next forward" in errors[2]
+        assert "torch.no_grad()" in errors[3]
