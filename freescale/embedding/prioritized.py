@@ -203,14 +203,14 @@ class PrioritizedSchedule:
             grad_send = apply_dispatch(grad.to(call.store.dtype).contiguous(), call.plan)
             lk = state.next.get(g)
             steps = call.store.advance(call.table_indices)
+            assert call.recv_slots is not None
             if lk is None:  # no next step prefetched: C is empty, update everything now
                 self._update(call, call.recv_slots, grad_send, (call.send, call.recv), steps)
                 continue
             assert nxt is not None
             counts = lk.counts()
-            marked_send, marked_recv = sum(counts.grads_co[0]), sum(counts.grads_co[1])
-            g_co, g_ex = split_marked(grad_send, lk.now_send, marked_send)
-            slots_co, slots_ex = split_marked(call.recv_slots, lk.now_recv, marked_recv)
+            g_co, g_ex = split_marked(grad_send, lk.now_send, sum(counts.grads_co[0]))
+            slots_co, slots_ex = split_marked(call.recv_slots, lk.now_recv, sum(counts.grads_co[1]))
             self._update(call, slots_co, g_co, counts.grads_co, steps)
             nxt.collided[g] = self._send_collided(lk)
             deferred.append((call.store, slots_ex, g_ex, lk, steps))
@@ -222,12 +222,11 @@ class PrioritizedSchedule:
     def _update(
         self,
         call: GroupCall,
-        slots: Tensor | None,
+        slots: Tensor,
         grad_send: Tensor,
         counts: tuple[list[int], list[int]],
         steps: tuple[int, ...],
     ) -> None:
-        assert slots is not None
         with self.timer("grad_a2a"):
             grad_shard = self.comm.all_to_all_v(grad_send, *counts).wait()
         with self.timer("update"):
