@@ -96,7 +96,7 @@ class ShardedEmbeddingCollection(nn.Module):
         self._prio: PrioritizedSchedule | None = None
 
     # ---- lookup --------------------------------------------------------------
-    def forward(self, features: Features) -> dict[str, JaggedTensor | Tensor]:
+    def forward(self, features: Features) -> Outputs:
         """Look up every feature; see the module docstring for the contract."""
         if self._prio is not None:
             return self._forward_prioritized(features)
@@ -199,7 +199,7 @@ class ShardedEmbeddingCollection(nn.Module):
         self._prio.timer = self.timer  # the timer may be replaced after construction
         return self._prio
 
-    def _forward_prioritized(self, features: Features) -> dict[str, JaggedTensor | Tensor]:
+    def _forward_prioritized(self, features: Features) -> Outputs:
         prio = self._schedule()
         if not (torch.is_grad_enabled() and self._use_prefetch):
             # An evaluation lookup: it reads the current tables and updates
