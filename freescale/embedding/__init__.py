@@ -2,7 +2,8 @@
 
 - `TableConfig`, `ShardingPlan`: what to shard and how (`freescale.embedding.config`).
 - `ShardedEmbeddingCollection`: sharded lookup with the optimizer update fused
-  into backward.
+  into backward; ``set_prioritized(True)`` switches on prioritized updates
+  (`freescale.embedding.prioritized`, paper Algorithm 2).
 - `SGD`, `RowwiseAdagrad`, `Adam`: sparse row-wise optimizers.
 - `swap(model, plan)`: replace ``nn.Embedding`` / TorchRec ``EmbeddingCollection``.
 - `save` / `load`: ``torch.distributed.checkpoint`` of shards and optimizer state.

@@ -13,6 +13,13 @@ as autograd delivers it. Nothing is divided by the world size. Normalize the
 loss by the *global* number of samples (or candidates) of the step, see
 `freescale.embedding.scaling`, and the update does not depend on how the
 samples were split across ranks.
+
+Prioritized updates (paper Algorithm 2, `freescale.embedding.prioritized`):
+after ``set_prioritized(True)``, ``prefetch(features)`` of step i+1 (called
+before step i's backward) looks up every row of step i+1 that step i does not
+update; only the collision rows wait for step i's update. Results stay
+bit-identical to the synchronous path; ``flush()`` applies the deferred part
+of the last update (the checkpoint and full-table reads call it).
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from __future__ import annotations
 import contextlib
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -29,11 +37,13 @@ from freescale.embedding import input_dist
 from freescale.embedding.config import ShardingPlan, TableConfig
 from freescale.embedding.lookup import GroupCall, ShardedLookup, Timer, no_timer
 from freescale.embedding.preflight import Request, make_request
+from freescale.embedding.prioritized import CollisionStats, PrioritizedLookup, PrioritizedSchedule
 from freescale.embedding.sharding import RowSharding
 from freescale.embedding.store import ShardStore
 from freescale.jagged import JaggedTensor
 
 Features = Mapping[str, JaggedTensor | Tensor]
+Outputs = dict[str, JaggedTensor | Tensor]
 
 
 def _group_tables(
@@ -83,11 +93,16 @@ class ShardedEmbeddingCollection(nn.Module):
         self._use_prefetch = True
         # Compare prefetched ids with the forward's ids (exact; a host sync on GPU).
         self.verify_prefetch = self.device.type == "cpu"
+        self._prio: PrioritizedSchedule | None = None
 
     # ---- lookup --------------------------------------------------------------
-    def forward(self, features: Features) -> dict[str, JaggedTensor | Tensor]:
+    def forward(self, features: Features) -> Outputs:
         """Look up every feature; see the module docstring for the contract."""
-        prepared = self._take_prefetched(features) or self._start(features)
+        if self._prio is not None:
+            return self._forward_prioritized(features)
+        return self._forward_sync(self._take_prefetched(features) or self._start(features))
+
+    def _forward_sync(self, prepared: input_dist.PreparedLookup) -> Outputs:
         input_dist.issue_ids(prepared, self.comm, self.timer)
         if not prepared.calls:  # every rank passed no features (the preflight checked that)
             return {}
@@ -100,13 +115,21 @@ class ShardedEmbeddingCollection(nn.Module):
 
         Issues the validation/counts exchange now; `prefetch_ids` (or the
         forward itself) then issues the ids AllToAll. Calls are matched in
-        order; every rank must prefetch the same calls.
+        order; every rank must prefetch the same calls. In prioritized mode it
+        does all the work of the next step that waits for no update (see
+        `freescale.embedding.prioritized`): call it for step i+1 before step
+        i's backward, at most one step ahead.
         """
-        self._pending.append(self._start(features))
+        if self._prio is not None:
+            prio = self._schedule()
+            prio.check_can_prefetch()  # before any collective is issued
+            prio.prefetch(self._start(features))
+        else:
+            self._pending.append(self._start(features))
 
     def prefetch_ids(self) -> None:
         """Read the counts of every prefetched call and issue its ids AllToAll."""
-        for prepared in self._pending:
+        for prepared in self._pending:  # (prioritized mode: prefetch did it)
             input_dist.issue_ids(prepared, self.comm, self.timer)
 
     @contextlib.contextmanager
@@ -128,6 +151,10 @@ class ShardedEmbeddingCollection(nn.Module):
         if not self._pending or not self._use_prefetch:
             return None
         prepared = self._pending.popleft()
+        self._check_prefetched(prepared, features)
+        return prepared
+
+    def _check_prefetched(self, prepared: input_dist.PreparedLookup, features: Features) -> None:
         keys = sorted(features)
         requests = [self._request(k, features[k]) for k in keys if k in self._feature_table]
         sizes = input_dist.request_sizes(requests)
@@ -138,7 +165,62 @@ class ShardedEmbeddingCollection(nn.Module):
                 "a prefetched lookup does not match this call (keys "
                 f"{prepared.keys} vs {keys}): prefetch exactly the ids forward will use"
             )
-        return prepared
+
+    # ---- prioritized updates ---------------------------------------------------
+    def set_prioritized(self, enabled: bool) -> None:
+        """Switch prioritized updates on or off (between steps; off flushes)."""
+        if enabled and self._prio is None:
+            if self._pending:
+                raise RuntimeError("switch to prioritized updates with no sdd prefetch pending")
+            self._prio = PrioritizedSchedule(self.comm, self.timer)
+        elif not enabled and self._prio is not None:
+            self._schedule().drain()
+            self._prio = None
+
+    @property
+    def prioritized(self) -> bool:
+        return self._prio is not None
+
+    def flush(self) -> None:
+        """Apply the deferred (exclusive) part of the last update; local, no collective."""
+        if self._prio is not None:
+            self._schedule().flush()
+
+    def collision_stats(self) -> CollisionStats | None:
+        """Collision of the last prefetched step with the one before, on this rank's shards.
+
+        Device tensors, not read here (reading them would make the host wait
+        for the device); None before any collision was computed.
+        """
+        return None if self._prio is None else self._prio.last_stats
+
+    def _schedule(self) -> PrioritizedSchedule:
+        assert self._prio is not None
+        self._prio.timer = self.timer  # the timer may be replaced after construction
+        return self._prio
+
+    def _forward_prioritized(self, features: Features) -> Outputs:
+        prio = self._schedule()
+        if not (torch.is_grad_enabled() and self._use_prefetch):
+            # An evaluation lookup: it reads the current tables and updates
+            # nothing, so prefetched rows stay valid.
+            prio.flush()
+            if torch.is_grad_enabled() and prio.steps:
+                raise RuntimeError(
+                    "a lookup with gradients outside the prioritized schedule would change "
+                    "rows already prefetched: run it under torch.no_grad()"
+                )
+            return self._forward_sync(self._start(features))
+        state = prio.take()
+        if state is None:
+            state = prio.prefetch(self._start(features))
+        else:
+            self._check_prefetched(state.prepared, features)
+        if not state.prepared.calls:  # no rank passed features: nothing to update
+            prio.discard(state)
+            return {}
+        outputs = PrioritizedLookup.apply(self._anchor, prio, state)
+        return self._split(state.prepared.calls, outputs)
 
     def _request(self, key: str, value: JaggedTensor | Tensor) -> Request:
         table = self.tables[self._feature_table[key]]
@@ -188,11 +270,13 @@ class ShardedEmbeddingCollection(nn.Module):
 
     def full_table(self, name: str) -> Tensor:
         """The whole table ``[rows, dim]``, gathered from all ranks (a collective)."""
+        self.flush()
         store, t = self._locate(name)
         return self._gather(name, store.table_slice(t, store.weight))
 
     def full_optimizer_state(self, name: str) -> dict[str, Tensor]:
         """The optimizer state of table ``name`` over all rows (a collective per tensor)."""
+        self.flush()
         store, t = self._locate(name)
         return {
             k: self._gather(name, store.table_slice(t, v))
@@ -203,6 +287,17 @@ class ShardedEmbeddingCollection(nn.Module):
         """Number of updates table ``name`` has received."""
         store, t = self._locate(name)
         return int(store.steps[t])
+
+    # ---- checkpoints see current tables ----------------------------------------
+    def _save_to_state_dict(self, destination: dict, prefix: str, keep_vars: bool) -> None:
+        self.flush()  # runs before the stores write their tensors
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+
+    def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any) -> None:
+        if self._prio is not None and self._prio.steps:
+            raise RuntimeError("load a checkpoint with no prioritized step prefetched")
+        self.flush()  # complete the pending exchange; the load overwrites its rows
+        super()._load_from_state_dict(state_dict, prefix, *args)
 
     def _gather(self, name: str, local: Tensor) -> Tensor:
         store, t = self._locate(name)

@@ -95,23 +95,42 @@ class ShardStore(nn.Module):
 
     def apply_gradients(self, slots: Tensor, grads: Tensor, tables: Sequence[int]) -> None:
         """One optimizer step of ``tables`` with shard-major gradients of ``slots``."""
+        self.apply_update(slots, grads, self.advance(tables))
+
+    def advance(self, tables: Sequence[int]) -> tuple[int, ...]:
+        """Count one step of each table in ``tables``; return every table's step.
+
+        The returned steps select the hyperparameters (lr schedule, Adam's bias
+        correction) of this step's update, also when part of it is applied later.
+        """
         for t in sorted(set(tables)):
             self.steps[t] += 1
             self._host_steps[t] += 1
+        return tuple(self._host_steps)
+
+    def apply_update(self, slots: Tensor, grads: Tensor, steps: Sequence[int]) -> None:
+        """Update the rows of ``slots`` with the hyperparameters of per-table ``steps``.
+
+        A row's update depends only on its own gradient rows (summed in arrival
+        order) and its own state, so the rows of one step may be updated in
+        disjoint parts, at different times, with the same result.
+        """
+        per_table = self._per_table_scalars(steps)
         if choose_impl(None, self.weight.device) == "triton":
-            self._apply_fused(slots, grads)
+            self._apply_fused(slots, grads, per_table)
             return
         rows, summed = sum_duplicates(slots, grads)
         if self.frozen_slots.numel():
             keep = ~torch.isin(rows, self.frozen_slots)
             rows, summed = rows[keep], summed[keep]
-        lr, bc = self._step_scalars(rows)
+        lr, bc = self._step_scalars(rows, per_table)
         apply_rows(self.optimizer, self.weight, self.optimizer_state(), rows, summed, lr, bc)
 
-    def _apply_fused(self, slots: Tensor, grads: Tensor) -> None:
+    def _apply_fused(
+        self, slots: Tensor, grads: Tensor, per_table: list[tuple[float, float, float]]
+    ) -> None:
         """The GPU path: sums and update in Triton, with no host read-back (a
         device-to-host read here would stall the host in the middle of backward)."""
-        per_table = self._per_table_scalars()
         if len(set(per_table)) == 1:
             lr, b1, b2 = per_table[0]
             scalars: dict[str, Any] = {"lr": lr, "bc": (b1, b2)}
@@ -132,14 +151,15 @@ class ShardStore(nn.Module):
     def optimizer_state(self) -> dict[str, Tensor]:
         return {name: getattr(self, name) for name in self.state_names}
 
-    def _per_table_scalars(self) -> list[tuple[float, float, float]]:
-        """(lr, bias correction 1, bias correction 2) of every table's current step."""
-        steps = [max(s, 1) for s in self._host_steps]
+    def _per_table_scalars(self, steps: Sequence[int]) -> list[tuple[float, float, float]]:
+        """(lr, bias correction 1, bias correction 2) of every table at ``steps``."""
+        steps = [max(s, 1) for s in steps]
         return [(self.optimizer.lr_at(s), *self.optimizer.bias_corrections(s)) for s in steps]
 
-    def _step_scalars(self, rows: Tensor) -> tuple[Scalar, tuple[Scalar, Scalar]]:
+    def _step_scalars(
+        self, rows: Tensor, per_table: list[tuple[float, float, float]]
+    ) -> tuple[Scalar, tuple[Scalar, Scalar]]:
         """lr and bias corrections: floats when all tables agree, else per-row columns."""
-        per_table = self._per_table_scalars()
         if len(set(per_table)) == 1:
             lr, b1, b2 = per_table[0]
             return lr, (b1, b2)

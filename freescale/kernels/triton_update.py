@@ -10,17 +10,25 @@ device and programs beyond it do nothing:
 1. torch: stable sort of the slots; ``flag[p]`` marks the first of each run of
    equal slots, ``seg = cumsum(flag) - 1`` numbers the runs; ``rows[seg]`` is
    the run's slot and ``start[seg]`` its first position (``-1`` / ``N`` past
-   the last run);
-2. ``chunk_sums``: positions are cut into chunks of ``CHUNK``; each program
-   adds, in position order, the gradient rows of every piece of a run inside
-   its chunk and writes the piece sum at the piece's first position;
-3. ``apply``: one program per run adds its piece sums in position order (one
-   per chunk the run touches, so a hot row of a million duplicates costs
-   ``1e6 / CHUNK`` adds) and applies the optimizer to that row in fp32.
+   the last run). Each run is cut into *pieces* of ``CHUNK`` positions counted
+   from the run's own start: ``piece[p]`` marks positions ``start, start +
+   CHUNK, ...`` of every run;
+2. ``piece_sums``: program ``c`` owns the pieces that *start* in positions
+   ``[c * CHUNK, (c + 1) * CHUNK)``; it adds each one's gradient rows in
+   position order and writes the sum at the piece's first position. A piece
+   is at most ``CHUNK`` long, so a program scans at most ``2 * CHUNK``
+   positions;
+3. ``apply``: one program per run adds its piece sums (the first, then tiles
+   of ``FAN`` pieces, so a hot row of a million duplicates costs ``1e6 / CHUNK``
+   adds) and applies the optimizer to that row in fp32.
 
-Every sum runs in a fixed order that depends only on the slots: bitwise
-reproducible. It differs from the reference's chunking, so the two agree to
-rounding, not bitwise.
+Every sum runs in a fixed order that depends only on the run's own
+contributions (their number and order), not on where the run starts among
+the ``N`` positions: bitwise reproducible, and updating a set of rows in two
+disjoint parts (prioritized updates: collision rows, then exclusive rows) is
+bitwise one update of all of them. With pieces cut at absolute positions, a
+row's sum would depend on the rows sorted before it. The chunking differs
+from the reference's, so the two agree to rounding, not bitwise.
 """
 
 from __future__ import annotations
@@ -38,25 +46,28 @@ KINDS = {"sgd": 0, "rowwise_adagrad": 1, "adam": 2}
 
 # ---- kernels --------------------------------------------------------------
 @triton.jit(do_not_specialize=["n"])
-def _chunk_sums_kernel(
-    order, flag, grads, partial, n, D, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr
+def _piece_sums_kernel(
+    order, piece, grads, partial, n, D, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr
 ):
     p0 = tl.program_id(0).to(tl.int64) * CHUNK
     cols = tl.arange(0, BLOCK_D)
     cm = cols < D
     acc = tl.full([BLOCK_D], 0.0, tl.float32)
-    start = p0
-    for k in range(CHUNK):
+    start = p0 - 1  # first position of the piece being summed; < p0: none yet
+    for k in range(2 * CHUNK):
         p = p0 + k
         valid = p < n
-        new_piece = (k > 0) & valid & (tl.load(flag + p, mask=valid, other=0) != 0)
-        if new_piece:
-            tl.store(partial + start * D + cols, acc, mask=cm)
+        if valid & (tl.load(piece + p, mask=valid, other=0) != 0):
+            if start >= p0:
+                tl.store(partial + start * D + cols, acc, mask=cm)
             acc = tl.full([BLOCK_D], 0.0, tl.float32)
-            start = p
-        src = tl.load(order + p, mask=valid, other=0)
-        acc += tl.load(grads + src * D + cols, mask=cm & valid, other=0.0).to(tl.float32)
-    tl.store(partial + start * D + cols, acc, mask=cm)
+            # Pieces starting past this program's window belong to the next one.
+            start = tl.where(k < CHUNK, p, p0 - 1)
+        mine = valid & (start >= p0)
+        src = tl.load(order + p, mask=mine, other=0)
+        acc += tl.load(grads + src * D + cols, mask=cm & mine, other=0.0).to(tl.float32)
+    if start >= p0:
+        tl.store(partial + start * D + cols, acc, mask=cm)
 
 
 @triton.jit
@@ -92,10 +103,10 @@ def _apply_kernel(
         p0 = tl.load(start + u)
         p1 = tl.load(start + u + 1)
         g = tl.load(partial + p0 * D + cols, mask=cm, other=0.0)
-        # The other pieces sit at the chunk starts inside the run; a hot row has
-        # many: load FAN of them at once (a chain of single loads would pay the
-        # memory latency once per piece) and add the tile's sum.
-        p = (p0 // CHUNK + 1) * CHUNK
+        # The other pieces start every CHUNK positions from the run's start; a
+        # hot row has many: load FAN of them at once (a chain of single loads
+        # would pay the memory latency once per piece) and add the tile's sum.
+        p = p0 + CHUNK
         k = tl.arange(0, FAN)
         while p < p1:
             q = p + k * CHUNK
@@ -177,10 +188,13 @@ def sparse_update(
     start.scatter_(0, torch.where(flag.bool(), seg, n + 1), positions)
     if frozen is not None and frozen.numel():
         rows = torch.where(torch.isin(rows, frozen), -1, rows)
+    # Pieces are counted from each run's start (not from position 0), so a
+    # row's sum does not depend on which other rows share the update.
+    piece = ((positions - start[seg]) % CHUNK == 0).to(torch.int8)
     partial = torch.empty((n, D), dtype=torch.float32, device=slots.device)
     BLOCK_D = next_pow2(D)
-    _chunk_sums_kernel[(cdiv(n, CHUNK),)](
-        order, flag, grads.contiguous(), partial, n, D, CHUNK=CHUNK, BLOCK_D=BLOCK_D
+    _piece_sums_kernel[(cdiv(n, CHUNK),)](
+        order, piece, grads.contiguous(), partial, n, D, CHUNK=CHUNK, BLOCK_D=BLOCK_D
     )
     per_row = isinstance(lr, Tensor)
     if per_row:

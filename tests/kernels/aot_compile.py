@@ -96,9 +96,9 @@ def variants(quick: bool = False) -> Iterator[Variant]:
         consts = {"HASHED": hashed, "BLOCK": bucketize.BLOCK}
         yield f"bucketize {dtype} hashed={hashed}", bucketize._bucketize_kernel, ptrs, consts
     for gtype in ("*fp32", "*bf16"):
-        ptrs = {"order": i64, "flag": "*i8", "grads": gtype, "partial": "*fp32"}
+        ptrs = {"order": i64, "piece": "*i8", "grads": gtype, "partial": "*fp32"}
         consts = {"CHUNK": update.CHUNK, "BLOCK_D": 256}
-        yield f"update.chunk_sums {gtype}", update._chunk_sums_kernel, ptrs, consts
+        yield f"update.piece_sums {gtype}", update._piece_sums_kernel, ptrs, consts
     for (kind, code), wtype, per_row in itertools.product(
         update.KINDS.items(), ("*fp32", "*bf16"), (False, True)
     ):

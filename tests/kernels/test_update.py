@@ -113,3 +113,44 @@ def test_kernel_specs_cover_every_optimizer():
         assert opt.kernel_spec()["kind"] in KINDS
     with pytest.raises(KeyError):
         KINDS["adamw"]
+
+
+def _subset_case(seed: int):
+    """Slots with several hot runs (each spans chunks) interleaved with cold ones."""
+    g = torch.Generator().manual_seed(seed)
+    rows, dim = 9, 3
+    slots = torch.cat([torch.randint(0, rows, (40,), generator=g), torch.full((75,), 2)])
+    slots = torch.cat([slots, torch.full((45,), 5)])
+    slots = slots[torch.randperm(slots.numel(), generator=g)]
+    grads = torch.randn(slots.numel(), dim, generator=g) * 1e3
+    weight = torch.randn(rows, dim, generator=g)
+    subset = torch.rand(rows, generator=g) < 0.5
+    subset[2], subset[5] = True, False  # one hot run on each side
+    return slots, grads, weight, subset
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("opt", OPTIMIZERS, ids=["sgd", "adagrad", "adam"])
+def test_update_of_disjoint_row_subsets_equals_one_update(triton_device, seed, opt):
+    """A row's sum depends only on its own contributions: updating the rows in two
+    disjoint subsets (same contributions, same order) is bitwise one update
+    (what prioritized updates do with collision and exclusive rows)."""
+    from freescale.kernels.triton_update import sparse_update
+
+    slots, grads, weight, subset = _subset_case(seed)
+    lr, bc = 0.1, ((0.9, 0.99) if isinstance(opt, Adam) else (1.0, 1.0))
+    spec = opt.kernel_spec()
+    results = []
+    for parts in ([torch.ones_like(slots, dtype=torch.bool)], None):
+        if parts is None:
+            first = subset[slots]
+            parts = [first, ~first]
+        w = weight.clone().to(triton_device)
+        state = make_state(opt, weight.shape[0], weight.shape[1], w.device)
+        for keep in parts:
+            s, gr = slots[keep].to(triton_device), grads[keep].to(triton_device)
+            sparse_update(w, list(state.values()), s, gr, lr=lr, bc=bc, **spec)
+        results.append((w.cpu(), {k: v.cpu() for k, v in state.items()}))
+    (w_one, s_one), (w_two, s_two) = results
+    assert torch.equal(w_one, w_two)
+    assert all(torch.equal(s_one[k], s_two[k]) for k in s_one)
