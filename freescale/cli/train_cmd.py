@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from freescale.pipeline.config import PRESETS, build_config
+from freescale.pipeline.config import MODES, PRESETS, build_config
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="KEY=VALUE",
         help="override a config key (repeatable), e.g. --set mode=sdd",
     )
-    p.add_argument("--mode", choices=["sync", "sdd"], help="shortcut for --set mode=...")
+    p.add_argument("--mode", choices=list(MODES), help="shortcut for --set mode=...")
     p.add_argument("--nproc", type=int, help="shortcut for --set nproc=...")
     p.add_argument("--print-config", action="store_true", help="print the config and exit")
     p.set_defaults(run=run_train)

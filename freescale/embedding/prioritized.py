@@ -183,10 +183,12 @@ class PrioritizedSchedule:
         for g, call in state.calls().items():
             with self.timer("emb_a2a"):
                 rows = state.exclusive.pop(g).wait()
-                if g in state.prev:
-                    if g not in state.collided:
-                        raise RuntimeError("forward before the previous step's backward")
-                    rows = merge_marked(state.prev[g].next_send, state.collided.pop(g).wait(), rows)
+            if g in state.prev:
+                if g not in state.collided:
+                    raise RuntimeError("forward before the previous step's backward")
+                with self.timer("emb_a2a_collision"):  # the part that had to wait for an update
+                    collided = state.collided.pop(g).wait()
+                rows = merge_marked(state.prev[g].next_send, collided, rows)
             outputs.append(ranged_combine(rows, call.plan))
         return tuple(outputs)
 
@@ -211,7 +213,7 @@ class PrioritizedSchedule:
             counts = lk.counts()
             g_co, g_ex = split_marked(grad_send, lk.now_send, sum(counts.grads_co[0]))
             slots_co, slots_ex = split_marked(call.recv_slots, lk.now_recv, sum(counts.grads_co[1]))
-            self._update(call, slots_co, g_co, counts.grads_co, steps)
+            self._update(call, slots_co, g_co, counts.grads_co, steps, "grad_a2a_collision")
             nxt.collided[g] = self._send_collided(lk)
             deferred.append((call.store, slots_ex, g_ex, lk, steps))
         # The exclusive gradients leave last: they are not on the critical path.
@@ -226,8 +228,9 @@ class PrioritizedSchedule:
         grad_send: Tensor,
         counts: tuple[list[int], list[int]],
         steps: tuple[int, ...],
+        section: str = "grad_a2a",
     ) -> None:
-        with self.timer("grad_a2a"):
+        with self.timer(section):
             grad_shard = self.comm.all_to_all_v(grad_send, *counts).wait()
         with self.timer("update"):
             call.store.apply_update(slots, grad_shard, steps)

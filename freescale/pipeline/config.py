@@ -14,7 +14,7 @@ from typing import Any
 
 from freescale.pipeline.faults import parse_ranks
 
-MODES = ("sync", "sdd")
+MODES = ("sync", "sdd", "freescale")
 BALANCE = ("none", "fbs", "vbs", "cost")
 DEVICES = ("auto", "cpu", "cuda")
 EMB_OPTIMIZERS = ("sgd", "adagrad", "adam")

@@ -34,6 +34,11 @@ _FIELDS = (
     "compute_ms",
     "data_ms",
     *CATEGORIES,
+    "collision_part_ms",
+    "collision_rows",
+    "rows_next",
+    "collision_ids",
+    "ids_next",
     "bce_sum",
     "positives",
     "candidates",
@@ -53,6 +58,9 @@ class RankStep:
     candidates: float
     items: float
     samples: float
+    collision_part_ms: float = 0.0
+    # freescale mode: rows of C^i, rows step i+1 reads, and the same in ids (this rank's shards)
+    collision: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
 
     def vector(self, device: torch.device) -> torch.Tensor:
         values = [
@@ -60,6 +68,8 @@ class RankStep:
             self.compute_ms,
             self.data_ms,
             *(self.exposed.get(c, 0.0) for c in CATEGORIES),
+            self.collision_part_ms,
+            *self.collision,
             self.bce_sum,
             self.positives,
             self.candidates,
@@ -92,6 +102,14 @@ def summarize_step(step: int, table: torch.Tensor) -> dict[str, Any]:
         "compute_ms": _rounded(compute),
         "straggler_pct": straggler,
         "exposed_comm_ms": {c: float(col[c].mean()) for c in CATEGORIES},
+        # of emb_a2a + grad_a2a, the part spent waiting for collision rows (freescale)
+        "exposed_collision_ms": float(col["collision_part_ms"].mean()),
+        # share of step i+1's rows / ids that step i updates first (freescale), all shards
+        "collision_rows_pct": _pct(col["collision_rows"].sum(), col["rows_next"].sum()),
+        "collision_ids_pct": _pct(col["collision_ids"].sum(), col["ids_next"].sum()),
+        "collision_rows_pct_ranks": [
+            _pct(a, b) for a, b in zip(col["collision_rows"], col["rows_next"], strict=True)
+        ],
         "data_wait_ms": float(col["data_ms"].mean()),
         # per rank, in rank order
         "step_ms_ranks": _rounded(col["step_ms"]),
@@ -103,6 +121,10 @@ def summarize_step(step: int, table: torch.Tensor) -> dict[str, Any]:
         "samples": int(col["samples"].sum()),
         "items": int(col["items"].sum()),
     }
+
+
+def _pct(part: torch.Tensor, whole: torch.Tensor) -> float:
+    return round(100.0 * float(part) / float(whole), 3) if float(whole) > 0 else 0.0
 
 
 def _rounded(values: torch.Tensor) -> list[float]:
@@ -144,6 +166,9 @@ class RunSummary:
                 c: sum(s["exposed_comm_ms"][c] for s in measured) / len(measured)
                 for c in CATEGORIES
             },
+            "exposed_collision_ms": mean("exposed_collision_ms"),
+            "collision_rows_pct": mean("collision_rows_pct"),
+            "collision_ids_pct": mean("collision_ids_pct"),
             **extra,
         }
 

@@ -52,6 +52,11 @@ class Schedule:
     def flush(self) -> None:
         """Make the tables exact now (before evaluation, checkpoints, the end)."""
 
+    def collision_counts(self) -> Tensor | None:
+        """Right after `upcoming`: this rank's [C^i rows, rows of i+1, C^i ids, ids
+        of i+1] as a device tensor (not read here), or None when the mode has none."""
+        return None
+
     def global_count(self, info: BatchInfo) -> int | Tensor:
         """The step's global candidate count (the loss normalizer)."""
         if info.global_candidates is not None:  # the balancer gathered it already
@@ -97,6 +102,12 @@ class Prioritized(Schedule):
 
     def flush(self) -> None:
         self.embeddings.flush()
+
+    def collision_counts(self) -> Tensor | None:
+        stats = self.embeddings.collision_stats()
+        if stats is None:
+            return None
+        return torch.stack([stats.rows, stats.rows_next, stats.ids, stats.ids_next]).double()
 
 
 SCHEDULES = {"sync": Schedule, "sdd": SparseDataDist, "freescale": Prioritized}

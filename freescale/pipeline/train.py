@@ -39,7 +39,7 @@ from freescale.pipeline.setup import (
     sharding_plan,
 )
 from freescale.pipeline.sync_debug import report_host_syncs
-from freescale.pipeline.timing import SectionTimer, exposed_by_category
+from freescale.pipeline.timing import COLLISION_PART, SectionTimer, exposed_by_category
 
 EVAL_STEP_OFFSET = 10_000_000  # held-out synthetic samples: far from any training step
 
@@ -70,6 +70,7 @@ class StepRecord:
     sections: list
     handle: Any
     eval: dict[str, float] | None = None
+    collision: Callable[[], list[float]] | None = None  # freescale: C^i counts, read later
 
 
 class Trainer:
@@ -197,9 +198,11 @@ class Trainer:
             step_start = self.timer.mark()
             batch, info, handle = nxt
             feed.start_future(step)  # balancer stage I for step + 2
+            collision = None
             if step + 1 < cfg.steps:
                 nxt = feed.take()
                 self.schedule.upcoming(*nxt[:2])
+                collision = self.schedule.collision_counts()
             bce = self._train_step(batch, info)
             self.timer.add_interval("step", step_start, self.timer.mark())
             on_device = [bce.double()]
@@ -207,6 +210,8 @@ class Trainer:
                 on_device.append(batch.labels.sum().double())
             values = torch.stack(on_device)
             record = StepRecord(step, info, read_later(values), self.timer.take(), handle)
+            if collision is not None:
+                record.collision = read_later(collision)
             if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
                 record.eval = {"step": step, **self.evaluate()}
             if pending is not None:
@@ -237,6 +242,7 @@ class Trainer:
         step_ms = sections.pop("step")  # includes the data wait
         data_ms = sections.pop("data", 0.0)
         exposed = exposed_by_category(sections)
+        collision_part = sum(sections.get(name, 0.0) for name in COLLISION_PART)
         info = rec.info
         bce, *counted = rec.values()
         positives = counted[0] if counted else info.positives
@@ -252,7 +258,10 @@ class Trainer:
             candidates=info.candidates,
             items=info.uih_tokens + info.candidates,
             samples=info.samples,
+            collision_part_ms=collision_part,
         )
+        if rec.collision is not None:
+            local.collision = tuple(rec.collision())  # type: ignore[assignment]
         record = summarize_step(rec.step, gather_step(local, self.metrics_group))
         self.summary.add(record)
         if rec.handle is not None:

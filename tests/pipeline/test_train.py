@@ -1,4 +1,4 @@
-"""The staged pipeline on 2 CPU ranks: sync and sdd agree bit for bit, and it learns."""
+"""The staged pipeline on CPU ranks: sync, sdd and freescale agree bit for bit, and it learns."""
 
 import json
 import subprocess
@@ -35,20 +35,25 @@ def runs():
     common = ["steps=20", "warmup=2", "eval_every=0"]
     return {
         mode: run_ranks(_train_and_collect, 2, [*common, f"mode={mode}"], timeout=240)
-        for mode in ("sync", "sdd")
+        for mode in ("sync", "sdd", "freescale")
     }
 
 
-def test_sync_and_sdd_are_bit_identical(runs):
+def assert_same_run(a: dict, b: dict) -> None:
+    assert a["losses"] == b["losses"]
+    assert a["evals"] == b["evals"]
+    assert torch.equal(a["table"], b["table"])
+    assert a["opt_state"].keys() == b["opt_state"].keys()
+    for k in a["opt_state"]:
+        assert torch.equal(a["opt_state"][k], b["opt_state"][k]), k
+    for k in a["dense"]:
+        assert torch.equal(a["dense"][k], b["dense"][k]), k
+
+
+@pytest.mark.parametrize("mode", ["sdd", "freescale"])
+def test_modes_are_bit_identical_to_sync(runs, mode):
     for rank in range(2):
-        a, b = runs["sync"][rank], runs["sdd"][rank]
-        assert a["losses"] == b["losses"]
-        assert torch.equal(a["table"], b["table"])
-        assert a["opt_state"].keys() == b["opt_state"].keys()
-        for k in a["opt_state"]:
-            assert torch.equal(a["opt_state"][k], b["opt_state"][k]), k
-        for k in a["dense"]:
-            assert torch.equal(a["dense"][k], b["dense"][k]), k
+        assert_same_run(runs["sync"][rank], runs[mode][rank])
 
 
 def test_ranks_agree_on_replicated_dense_weights_and_metrics(runs):
