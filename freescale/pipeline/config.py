@@ -11,6 +11,8 @@ import dataclasses
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from freescale.comm import BACKENDS as COMM_BACKENDS
+
 MODES = ("sync", "sdd")
 BALANCE = ("none", "fbs", "vbs", "cost")
 DEVICES = ("auto", "cpu", "cuda")
@@ -24,6 +26,7 @@ class TrainConfig:
     balance: str = "none"  # none | fbs | vbs | cost (sequence load balancing)
     nproc: int = 2
     device: str = "cpu"
+    comm_backend: str = "torch"  # torch | smfree[-shm|-gloo|-hier] (docs/comm.md)
     steps: int = 150
     warmup: int = 5
     batch_size: int = 32
@@ -63,6 +66,7 @@ class TrainConfig:
         _choice("mode", self.mode, MODES)
         _choice("balance", self.balance, BALANCE)
         _choice("device", self.device, DEVICES)
+        _choice("comm_backend", self.comm_backend, COMM_BACKENDS)
         _choice("emb_optimizer", self.emb_optimizer, EMB_OPTIMIZERS)
         _choice("assignment", self.assignment, ("hashed", "block"))
         _choice("attention", self.attention, ("auto", "reference", "varlen"))
