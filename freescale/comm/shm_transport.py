@@ -25,7 +25,8 @@ pair; messages are 32 bytes ``kind, seq, offset, nbytes``):
 4. d, expecting its next message from s, reads ``DATA``, checks ``seq`` and
    ``nbytes`` against what it expects, copies ``nbytes`` at ``offset`` of s's
    segment into its destination and fences (the H2D is complete).
-5. d sends ``ACK(offset)``: the slot may be overwritten.
+5. d sends ``ACK(offset)``: the slot may be overwritten. (An ACK that cannot
+   be sent because s has closed is dropped: s needed nothing more from d.)
 
 The socket write/read pair orders the data write before the data read (the
 kernel's locking is a full memory barrier), so no atomics are needed in
@@ -154,7 +155,8 @@ class ShmTransport:
 
     def close(self) -> None:
         for seg in self._registered:
-            unregister_host(seg)
+            with contextlib.suppress(Exception):  # at interpreter exit CUDA may be gone
+                unregister_host(seg)
         self._registered.clear()
         for s in self._socks.values():
             s.close()
@@ -174,10 +176,15 @@ class ShmTransport:
         else:
             raise PeerError(peer, f"sent an unknown message kind {kind}")
 
-    def _send(self, peer: int, *fields: int) -> None:
+    def _send(self, peer: int, kind: int, seq: int, offset: int, nbytes: int) -> None:
         try:
-            self._socks[peer].sendall(_MSG.pack(*fields))
+            self._socks[peer].sendall(_MSG.pack(kind, seq, offset, nbytes))
         except OSError as exc:
+            if kind == _ACK:
+                # A peer that got all it needed may close before our last ACKs:
+                # it no longer needs them. (A crashed peer is reported by the
+                # next wait for its data, which reads end-of-file.)
+                return
             raise PeerError(peer, f"connection lost ({exc}); did it exit?") from exc
 
     def _claim(self, offset: int, readers: list[int]) -> None:
@@ -194,6 +201,11 @@ class ShmTransport:
             if src.numel() > self._chunk:
                 raise ValueError(f"chunk of {src.numel()} bytes > chunk_bytes {self._chunk}")
             groups.setdefault((id(src), src.data_ptr(), src.numel()), []).append((peer, src))
+        regions = ["broadcast" if len(g) > 1 else g[0][0] for g in groups.values()]
+        if max([regions.count(r) for r in regions] + [0]) > self._slots:
+            # More messages than slots in one region within one round would wait
+            # for ACKs that peers only send after this round: a deadlock.
+            raise ValueError(f"a round may send at most {self._slots} messages per slot region")
         notes = []
         for group in groups.values():
             src, readers = group[0][1], [p for p, _ in group]

@@ -70,7 +70,8 @@ class SmFreeWork:
         if self.error is not None:
             raise self.error
         if self.event is not None:
-            consumer = stream if stream is not None else torch.cuda.current_stream()
+            device = self._output.device
+            consumer = stream if stream is not None else torch.cuda.current_stream(device)
             consumer.wait_event(self.event)
             self._output.record_stream(consumer)
         return self._output
