@@ -29,26 +29,30 @@ def _rows(rank: int, n: int, width: int, dtype: torch.dtype, salt: int) -> Tenso
 
 def large_cases(comm: Communicator) -> dict[str, Tensor]:
     """Issue everything first, then wait: several collectives in flight."""
-    r, w = comm.rank, comm.world_size
+    r, w, dev = comm.rank, comm.world_size, comm.device
     works = {}
     for i, dtype in enumerate(DTYPES):
         # AllGather larger than the pool: ~96 KiB per rank.
-        works[f"gather-{dtype}"] = comm.all_gather(_rows(r, 3000 + i, 4, dtype, i))
+        works[f"gather-{dtype}"] = comm.all_gather(_rows(r, 3000 + i, 4, dtype, i).to(dev))
         # Uneven AllToAll: rank r sends to d 0, a few, or many rows (> pool).
         send = [((r + d + i) % 3) * (1500 + 7 * d) for d in range(w)]
         recv = [((s + r + i) % 3) * (1500 + 7 * r) for s in range(w)]
-        x = _rows(r, sum(send), 5, dtype, 10 + i)
+        x = _rows(r, sum(send), 5, dtype, 10 + i).to(dev)
         works[f"a2a-{dtype}"] = comm.all_to_all_v(x, send, recv)
-    works["zero-gather"] = comm.all_gather(torch.empty(0, 3, dtype=torch.int64))
-    works["one-row"] = comm.all_to_all_v(torch.full((w, 1), float(r)), [1] * w, [1] * w)
-    works["3d"] = comm.all_gather(torch.arange(2 * 3 * 4, dtype=torch.float32).view(2, 3, 4) + r)
-    return {k: v.wait() for k, v in works.items()}
+    works["zero-gather"] = comm.all_gather(torch.empty(0, 3, dtype=torch.int64, device=dev))
+    works["one-row"] = comm.all_to_all_v(torch.full((w, 1), float(r), device=dev), [1] * w, [1] * w)
+    cube = torch.arange(2 * 3 * 4, dtype=torch.float32, device=dev).view(2, 3, 4) + r
+    works["3d"] = comm.all_gather(cube)
+    return {k: v.wait().cpu() for k, v in works.items()}
 
 
-def compare(backend: str, ranks_per_host: int | None = None) -> dict:
-    comm = make_communicator(backend, "cpu", pool_bytes=POOL, ranks_per_host=ranks_per_host)
+def compare(backend: str, ranks_per_host: int | None = None, device: str = "cpu") -> dict:
+    """smfree on ``device`` against the torch backend on the CPU (gloo)."""
+    if device == "cuda":
+        torch.cuda.set_device(torch.distributed.get_rank() % torch.cuda.device_count())
+    comm = make_communicator(backend, device, pool_bytes=POOL, ranks_per_host=ranks_per_host)
     ref = TorchCommunicator(device="cpu")
-    got = {**exercise(comm), **large_cases(comm)}
+    got = {k: v.cpu() for k, v in {**exercise(comm), **large_cases(comm)}.items()}
     want = {**exercise(ref), **large_cases(ref)}
     diff = [k for k in want if got[k].dtype != want[k].dtype or not torch.equal(got[k], want[k])]
     info = {

@@ -2,14 +2,17 @@
 
 Checks that the smfree communicator finds the hosts from torchrun's variables
 (2 hosts x 2 local ranks), uses shm inside a host and gloo between, and
-returns exactly what the torch backend returns. Prints one ``RESULT`` JSON
-line per rank.
+returns exactly what the torch backend returns. Writes one JSON file per
+rank into the folder given as the first argument (the ranks of one launcher
+share its stdout, where lines may interleave).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
+from pathlib import Path
 
 import torch.distributed as dist
 
@@ -35,7 +38,7 @@ def main() -> None:
     }
     comm.close()
     facts.update(compare("smfree"))
-    print("RESULT " + json.dumps(facts), flush=True)
+    Path(sys.argv[1], f"rank{rank}.json").write_text(json.dumps(facts))
     dist.destroy_process_group()
 
 
