@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from freescale.comm import BACKENDS as COMM_BACKENDS
 from freescale.pipeline.faults import parse_ranks
 
 MODES = ("sync", "sdd", "freescale")
@@ -28,6 +29,7 @@ class TrainConfig:
     plan_process: str = "auto"  # partition in a helper process: auto (on GPUs) | on | off
     nproc: int = 2
     device: str = "cpu"
+    comm_backend: str = "torch"  # torch | smfree[-shm|-gloo|-hier] (docs/comm.md)
     steps: int = 150
     warmup: int = 5
     batch_size: int = 32
@@ -76,6 +78,7 @@ class TrainConfig:
         _choice("mode", self.mode, MODES)
         _choice("balance", self.balance, BALANCE)
         _choice("device", self.device, DEVICES)
+        _choice("comm_backend", self.comm_backend, COMM_BACKENDS)
         _choice("emb_optimizer", self.emb_optimizer, EMB_OPTIMIZERS)
         _choice("assignment", self.assignment, ("hashed", "block"))
         _choice("attention", self.attention, ("auto", "reference", "varlen"))

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from freescale.comm import TorchCommunicator
+from freescale.comm import make_communicator
 from freescale.embedding import swap
 from freescale.jagged.batch import SampleBatch
 from freescale.models.loss import bce_loss, bce_sum, bce_total, normalized_entropy
@@ -83,7 +83,7 @@ class Trainer:
         with self.device:  # initialize on the device: large tables init in ms, not minutes
             self.model = SequenceModel(model_config(cfg, self.source.num_items))
         self.timer = SectionTimer(self.device)
-        self.comm = TorchCommunicator(device=self.device)
+        self.comm = make_communicator(cfg.comm_backend, self.device)
         self.embeddings = swap(self.model, sharding_plan(cfg), self.comm, self.device)
         self.embeddings.timer = self.timer.section
         self.dense = DenseSync(self.model, self.timer.seq_mark)

@@ -1,0 +1,44 @@
+"""Training with ``comm_backend=smfree`` is bit-identical to ``torch`` (2 CPU ranks)."""
+
+import pytest
+import torch
+
+from freescale.pipeline.config import build_config
+from freescale.pipeline.train import Trainer
+from freescale.testing import run_ranks
+
+COMMON = ["steps=6", "warmup=1", "eval_every=0", "progress=false"]
+
+
+def _train(overrides: list[str]) -> dict:
+    trainer = Trainer(build_config("demo", [*COMMON, *overrides]))
+    trainer.run()
+    return {
+        "comm": type(trainer.comm).__name__,
+        "losses": [s["loss"] for s in trainer.summary.steps],
+        "table": trainer.embeddings.full_table("item_emb"),
+        "opt_state": trainer.embeddings.full_optimizer_state("item_emb"),
+        "dense": {k: v.detach().clone() for k, v in trainer.model.named_parameters()},
+    }
+
+
+@pytest.mark.parametrize("setting", ["mode=sync", "mode=sdd", "mode=sdd,balance=fbs"])
+def test_smfree_training_is_bit_identical_to_torch(setting):
+    overrides = setting.split(",")
+    torch_runs = run_ranks(_train, 2, [*overrides, "comm_backend=torch"], timeout=240)
+    smfree_runs = run_ranks(_train, 2, [*overrides, "comm_backend=smfree"], timeout=240)
+    for a, b in zip(torch_runs, smfree_runs, strict=True):
+        assert (a["comm"], b["comm"]) == ("TorchCommunicator", "SmFreeCommunicator")
+        assert len(a["losses"]) == 6 and a["losses"] == b["losses"]
+        assert torch.equal(a["table"], b["table"])
+        assert a["opt_state"].keys() == b["opt_state"].keys()
+        for k in a["opt_state"]:
+            assert torch.equal(a["opt_state"][k], b["opt_state"][k]), k
+        for k in a["dense"]:
+            assert torch.equal(a["dense"][k], b["dense"][k]), k
+
+
+def test_comm_backend_is_validated():
+    assert build_config("demo").comm_backend == "torch"
+    with pytest.raises(ValueError, match="comm_backend must be one of torch, smfree"):
+        build_config("demo", ["comm_backend=nccl"])
