@@ -16,12 +16,16 @@ duplicates of a row fall on the same side, in their arrival order, which is
 what keeps every row's gradient sum identical to the synchronous one.
 
 Every AllToAll of a part needs its counts per peer on the host: `Link.counts`
-is the one place they are read (see there).
+is the one place they are read (see there). Nothing here reads a size back
+from the device: the marks come from a sort and a binary search whose sizes
+are the received id counts (`owner_marks`; `owner_marks_reference` is its
+twin through ``torch.unique``, which reads the unique count back).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -39,7 +43,6 @@ class HostCounts:
     grads_co: tuple[list[int], list[int]]  # (send, recv): collision gradients, step i
     grads_ex: tuple[list[int], list[int]]  # exclusive gradients, step i (deferred)
     rows_co: tuple[list[int], list[int]]  # updated collision rows, to step i+1
-    rows_ex: tuple[list[int], list[int]]  # prefetched N^(i+1) rows, to step i+1
 
 
 @dataclass
@@ -54,28 +57,45 @@ class Link:
     next_send: Tensor  # [S_i+1] bool, requester side
     per_peer: Tensor  # [4, W] int64: now_recv, next_recv, now_send, next_send summed per peer
     stats: Tensor  # [4] int64: collision rows, rows of step i+1, collision ids, ids of step i+1
+    _copy: tuple[Tensor, Any] | None = None  # (pinned host copy of per_peer, its event)
     _host: HostCounts | None = None
+
+    def __post_init__(self) -> None:
+        self._copy = copy_to_host(self.per_peer)
 
     def counts(self) -> HostCounts:
         """The split's per-peer counts on the host, read once and cached.
 
-        HOST READ: the only device-to-host read of the prioritized schedule. It
-        happens in `prefetch`, when the N^(i+1) rows are sent (the first
-        AllToAll that needs them); backward reuses the cached values. On a GPU
-        this waits for the split; the plan is to copy ``per_peer`` to pinned
-        memory when it is computed and read it here, a change local to this
-        method.
+        HOST READ: the only device-to-host read of the prioritized schedule.
+        ``per_peer`` was copied to pinned memory without waiting when the
+        split was made (in `prefetch`, at the start of step i); the first use
+        is step i's backward, so the copy's event is long done and the host
+        does not wait for the GPU's queued work.
         """
         if self._host is None:
-            now_r, next_r, now_s, next_s = self.per_peer.tolist()
+            assert self._copy is not None
+            host, event = self._copy
+            if event is not None:
+                event.synchronize()
+            now_r, next_r, now_s, next_s = host.tolist()
             sub = _minus
             self._host = HostCounts(
                 grads_co=(now_s, now_r),
                 grads_ex=(sub(self.now.send, now_s), sub(self.now.recv, now_r)),
                 rows_co=(next_r, next_s),
-                rows_ex=(sub(self.next.recv, next_r), sub(self.next.send, next_s)),
             )
         return self._host
+
+
+def copy_to_host(t: Tensor) -> tuple[Tensor, Any]:
+    """A copy of ``t`` on the host, started now; (copy, event to wait for or None)."""
+    if t.device.type != "cuda":
+        return t, None
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    event = torch.cuda.Event()
+    event.record()
+    return host, event
 
 
 def _minus(a: list[int], b: list[int]) -> list[int]:
@@ -104,10 +124,44 @@ def link(comm: Communicator, now: GroupCall, nxt: GroupCall) -> Link:
 def owner_marks(slots_now: Tensor, slots_next: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Per received position, whether its row is in C = I^i ∩ I^(i+1); and the stats.
 
-    ``torch.unique`` gives the sorted row sets `collision_split` needs (on a GPU
-    it reads the number of unique rows back to the host: a sync, off the
-    critical path in `prefetch`).
+    A row is in C iff it occurs in both steps: each position looks its slot up
+    in the other step's sorted slots (duplicates included, so no unique set
+    and no size read back). The stats count distinct rows as the first
+    position of each run of equal slots in sorted order.
     """
+    sorted_now = torch.sort(slots_now).values
+    sorted_next = torch.sort(slots_next).values
+    now_mark = _member(slots_now, sorted_next)
+    next_mark = _member(slots_next, sorted_now)
+    first_next = _run_starts(sorted_next)
+    stats = torch.stack(
+        [
+            (first_next & _member(sorted_next, sorted_now)).sum(),
+            first_next.sum(),
+            next_mark.sum(),
+            torch.full((), slots_next.numel(), dtype=torch.int64, device=slots_now.device),
+        ]
+    )
+    return now_mark, next_mark, stats
+
+
+def _member(x: Tensor, sorted_hay: Tensor) -> Tensor:
+    """``x[k] in sorted_hay`` for every k (``sorted_hay`` ascending, repeats allowed)."""
+    if sorted_hay.numel() == 0:
+        return torch.zeros(x.shape, dtype=torch.bool, device=x.device)
+    pos = torch.searchsorted(sorted_hay, x).clamp_(max=sorted_hay.numel() - 1)
+    return sorted_hay[pos] == x
+
+
+def _run_starts(sorted_x: Tensor) -> Tensor:
+    """True at the first position of each run of equal values."""
+    starts = torch.ones(sorted_x.shape, dtype=torch.bool, device=sorted_x.device)
+    starts[1:] = sorted_x[1:] != sorted_x[:-1]
+    return starts
+
+
+def owner_marks_reference(slots_now: Tensor, slots_next: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """`owner_marks` through ``torch.unique`` and `collision_split` (the twin)."""
     rows_now, inv_now = torch.unique(slots_now, sorted=True, return_inverse=True)
     rows_next, inv_next = torch.unique(slots_next, sorted=True, return_inverse=True)
     split = collision_split(rows_now, rows_next)
@@ -146,10 +200,7 @@ def split_marked(x: Tensor, mark: Tensor, marked: int) -> tuple[Tensor, Tensor]:
     return x.index_select(0, order[:marked]), x.index_select(0, order[marked:])
 
 
-def merge_marked(mark: Tensor, on_marked: Tensor, others: Tensor) -> Tensor:
-    """Inverse of `split_marked`: ``on_marked`` rows where ``mark``, ``others`` elsewhere."""
+def fill_marked(mark: Tensor, on_marked: Tensor, full: Tensor) -> Tensor:
+    """``full`` with its marked rows replaced, in order, by ``on_marked``."""
     order = torch.sort((~mark).to(torch.uint8), stable=True).indices
-    rows = torch.cat([on_marked, others])
-    out = torch.empty_like(rows)
-    out[order] = rows
-    return out
+    return full.index_copy(0, order[: on_marked.shape[0]], on_marked)

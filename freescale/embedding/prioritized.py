@@ -46,7 +46,7 @@ from torch import Tensor
 
 from freescale.comm import Communicator, Work
 from freescale.embedding import collision_link, input_dist
-from freescale.embedding.collision_link import Link, merge_marked, split_marked
+from freescale.embedding.collision_link import Link, fill_marked, split_marked
 from freescale.embedding.lookup import GroupCall, Timer, no_timer
 from freescale.embedding.store import ShardStore
 from freescale.kernels import apply_dispatch, ranged_combine
@@ -140,17 +140,18 @@ class PrioritizedSchedule:
             )
 
     def _send_exclusive(self, call: GroupCall, lk: Link | None) -> Work:
-        """Look up the rows of ``call`` that no earlier update will change; send them."""
+        """Look up and send every row the next step reads, now.
+
+        The collision rows among them are stale (step i has not updated them
+        yet); forward overwrites them with the rows sent after the update. Sending
+        them anyway keeps this exchange's sizes those of the ids exchange,
+        known on the host: splitting off N^(i+1) would need the collision
+        counts on the host here, a wait for the GPU at the start of every step.
+        """
         assert call.recv_slots is not None
-        slots, send, recv = call.recv_slots, call.recv, call.send
-        if lk is not None:
-            counts = lk.counts()  # the host read (see `Link.counts`)
-            marked = sum(counts.rows_co[0])
-            slots = split_marked(call.recv_slots, lk.next_recv, marked)[1]
-            send, recv = counts.rows_ex
         with self.timer("lookup"):
-            rows = call.store.lookup(slots)
-        return self.comm.all_to_all_v(rows, send, recv)
+            rows = call.store.lookup(call.recv_slots)
+        return self.comm.all_to_all_v(rows, call.recv, call.send)
 
     def flush(self) -> None:
         """Apply the stashed exclusive updates (a local operation: no collective)."""
@@ -188,7 +189,7 @@ class PrioritizedSchedule:
                     raise RuntimeError("forward before the previous step's backward")
                 with self.timer("emb_a2a_collision"):  # the part that had to wait for an update
                     collided = state.collided.pop(g).wait()
-                rows = merge_marked(state.prev[g].next_send, collided, rows)
+                rows = fill_marked(state.prev[g].next_send, collided, rows)
             outputs.append(ranged_combine(rows, call.plan))
         return tuple(outputs)
 

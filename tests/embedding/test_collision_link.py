@@ -1,0 +1,29 @@
+"""The sync-free collision marks equal their ``torch.unique`` twin on random slots."""
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from freescale.embedding.collision_link import fill_marked, owner_marks, owner_marks_reference
+
+slots = st.lists(st.integers(0, 40), max_size=60).map(lambda v: torch.tensor(v, dtype=torch.int64))
+
+
+@settings(max_examples=200, deadline=None)
+@given(now=slots, nxt=slots)
+def test_owner_marks_match_the_unique_reference(now, nxt):
+    got = owner_marks(now, nxt)
+    want = owner_marks_reference(now, nxt)
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w), (g, w)
+
+
+@settings(max_examples=100, deadline=None)
+@given(mark=st.lists(st.booleans(), max_size=30))
+def test_fill_marked_replaces_the_marked_rows_in_order(mark):
+    mark_t = torch.tensor(mark, dtype=torch.bool)
+    full = torch.arange(len(mark), dtype=torch.float32).unsqueeze(1)
+    on_marked = -1.0 - torch.arange(int(mark_t.sum()), dtype=torch.float32).unsqueeze(1)
+    out = fill_marked(mark_t, on_marked, full)
+    assert torch.equal(out[mark_t], on_marked)
+    assert torch.equal(out[~mark_t], full[~mark_t])
