@@ -73,6 +73,37 @@ for part in "$@"; do
           --set steps=14 --set warmup=8 --set batch_size=64 --set sync_debug=true \
           $(printf -- '--set %s ' $args) 2>&1 | grep -E "host sync|^    |sync_debug|Error" | head -40
       done ;;
+    freescale1)  # issue 11 on one GPU: parity with sync, host syncs, trace, split/merge cost
+      common="--preset h200-21k --set nproc=1 --set steps=16 --set warmup=6 --set batch_size=64
+        --set deterministic=true --set progress=false"
+      for run in sync sync2 freescale; do
+        mode=${run%2}
+        timeout 200 python3 -m freescale.cli.main train $common --mode "$mode" \
+          --set metrics_path="$out/w1-$run.jsonl" 2>&1 | tail -1 > "$out/w1-$run.summary.json"
+      done
+      python3 - "$out" <<'PY' || status=1
+import json, sys
+out = sys.argv[1]
+loss = {r: [json.loads(l)["loss"] for l in open(f"{out}/w1-{r}.jsonl")] for r in ("sync", "sync2", "freescale")}
+print("sync twice identical:", loss["sync"] == loss["sync2"])
+print("freescale == sync (16 steps, W=1):", loss["freescale"] == loss["sync"])
+for r in loss: print(r, json.load(open(f"{out}/w1-{r}.summary.json"))["step_ms"], "ms/step")
+sys.exit(0 if loss["freescale"] == loss["sync"] else 1)
+PY
+      timeout 200 python3 -m freescale.cli.main train $common --mode freescale \
+        --set sync_debug=true --set trace_path="$out/fs-trace.json.gz" --set trace_steps=10-11 \
+        2>&1 | grep -E "host sync|^    |sync_debug|Error" | head -40
+      python3 -m freescale.cli.main trace "$out/fs-trace.json.gz" 2>&1 | head -30
+      timeout 120 python3 benchmarks/collision.py --preset h200-21k --batch 64 \
+        --out "$out/collision-1xH200" 2>&1 | tail -9 ;;
+    smfree1)  # issue 12 on one GPU: processes sharing it
+      timeout 300 python3 -m pytest -q -p no:cacheprovider tests/comm/test_smfree_gpu.py 2>&1 \
+        | tail -5 || status=1
+      timeout 200 torchrun --standalone --nproc-per-node 2 benchmarks/comm_bandwidth.py \
+        --device cuda --backends smfree-shm,smfree-gloo --out "$out/comm-bandwidth-1xH200-2proc.md" \
+        2>&1 | grep -v Warning | tail -16
+      timeout 300 python3 benchmarks/interference.py --out "$out/interference-1xH200" 2>&1 \
+        | grep -v Warning | tail -16 ;;
     *) echo "unknown part $part" >&2; exit 2 ;;
   esac
 done

@@ -1,0 +1,282 @@
+"""How much does overlapped communication slow the compute it hides behind? (paper Fig. 10)
+
+Foreground kernels: the reference model's jagged attention (forward +
+backward, UIH lengths and hidden dims swept), a bf16 GEMM and a memory-bound
+elementwise kernel, each timed alone and then while a background moves the
+step's communication volume:
+
+- ``host``: host-staged copies (D2H then H2D through pinned memory on copy
+  streams): the SM-free path's data movement, on the copy engines;
+- ``smcopy``: the same bytes moved by a copy kernel with a fixed grid of
+  ``--channels`` programs (a stand-in for NCCL's channels, one CTA each, when
+  only one GPU is there);
+- ``nccl`` / ``smfree`` (``torchrun`` with 2+ GPUs): the real AllToAll of
+  ``--bytes`` per rank through NCCL or the `smfree` Communicator, in a loop.
+
+The background is enqueued (or, for the Communicator, looped by a thread)
+before the foreground starts and checked to outlast it. Prints a table, writes
+markdown, ends with one JSON line.
+
+    python benchmarks/interference.py                                # 1 GPU: host, smcopy
+    torchrun --nproc-per-node 2 benchmarks/interference.py --backgrounds host,smcopy,nccl,smfree
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import threading
+from collections.abc import Callable
+from datetime import date
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+Fn = Callable[[], None]
+
+
+def time_ms(fn: Fn, reps: int) -> float:
+    """Median of ``reps`` event-timed calls (after 3 warm-ups)."""
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+# ---- foreground ---------------------------------------------------------------
+def attention(uih: int, dim: int, total_tokens: int) -> Fn:
+    from freescale.models.attention import jagged_attention
+
+    heads = max(1, dim // 64)
+    n = max(1, total_tokens // uih)
+    offsets = torch.arange(0, (n + 1) * uih, uih, device="cuda", dtype=torch.int64)
+    q, k, v = (
+        torch.randn(n * uih, heads, dim // heads, device="cuda", dtype=torch.bfloat16,
+                    requires_grad=True)
+        for _ in range(3)
+    )  # fmt: skip
+    grad = torch.randn(n * uih, heads, dim // heads, device="cuda", dtype=torch.bfloat16)
+
+    def run() -> None:
+        out = jagged_attention(q, k, v, offsets, offsets, True, uih, uih, "varlen")
+        out.backward(grad)
+
+    return run
+
+
+def gemm(n: int) -> Fn:
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    return lambda: torch.mm(a, b)
+
+
+def membound(nbytes: int) -> Fn:
+    x = torch.randn(nbytes // 2, device="cuda", dtype=torch.bfloat16)
+    y = torch.empty_like(x)
+    return lambda: torch.mul(x, 1.0001, out=y)
+
+
+# ---- backgrounds ----------------------------------------------------------------
+class Enqueued:
+    """A background of ``iters`` copies enqueued on side streams up front."""
+
+    def __init__(self, kind: str, nbytes: int, channels: int, iters: int) -> None:
+        self.streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+        self.src = torch.randn(nbytes // 4, device="cuda")
+        self.dst = torch.empty_like(self.src)
+        self.host = torch.empty(self.src.shape, pin_memory=True)
+        self.kind, self.channels, self.iters = kind, channels, iters
+        self.end = torch.cuda.Event()
+
+    def start(self) -> None:
+        d2h, h2d = self.streams
+        for _ in range(self.iters):
+            if self.kind == "host":
+                with torch.cuda.stream(d2h):
+                    self.host.copy_(self.src, non_blocking=True)
+                    done = torch.cuda.Event()
+                    done.record()
+                with torch.cuda.stream(h2d):
+                    h2d.wait_event(done)
+                    self.dst.copy_(self.host, non_blocking=True)
+            else:
+                with torch.cuda.stream(d2h):
+                    channel_copy(self.src, self.dst, self.channels)
+        self.end.record(h2d if self.kind == "host" else d2h)
+
+    def stop(self) -> bool:
+        """Wait for the background; True if it was still running (it outlasted the foreground)."""
+        running = not self.end.query()
+        self.end.synchronize()
+        return running
+
+
+class Looped:
+    """A background AllToAll looped by a thread until stopped (real collectives)."""
+
+    def __init__(self, kind: str, nbytes: int) -> None:
+        from freescale.comm import make_communicator
+
+        self.kind = kind
+        self.comm = make_communicator("torch" if kind == "nccl" else "smfree", "cuda")
+        w = self.comm.world_size
+        self.x = torch.randn(nbytes // 4 // w * w, device="cuda")
+        self.counts = [self.x.numel() // w] * w
+        self.stream = torch.cuda.Stream()
+        self.stop_flag = threading.Event()
+        self.rounds = 0
+
+    def _loop(self) -> None:
+        with torch.cuda.stream(self.stream):
+            while not self.stop_flag.is_set():
+                self.comm.all_to_all_v(self.x, self.counts, self.counts).wait()
+                self.rounds += 1
+            torch.cuda.current_stream().synchronize()
+
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> bool:
+        self.stop_flag.set()
+        self.thread.join()
+        return self.rounds > 0
+
+
+def channel_copy(src: torch.Tensor, dst: torch.Tensor, programs: int) -> None:
+    """Copy ``src`` to ``dst`` with a grid of ``programs`` (Triton, compiled on first use)."""
+    global _COPY
+    if _COPY is None:
+        _COPY = _make_copy_kernel()
+    _COPY[(programs,)](src, dst, src.numel(), BLOCK=4096)
+
+
+_COPY = None
+
+
+def _make_copy_kernel():  # Triton only when the smcopy background is used
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def copy(src, dst, n, BLOCK: tl.constexpr):
+        # A persistent grid: each program strides over the buffer, like a channel.
+        pid, nprog = tl.program_id(0), tl.num_programs(0)
+        for start in range(pid * BLOCK, n, nprog * BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            tl.store(dst + offs, tl.load(src + offs, mask=offs < n), mask=offs < n)
+
+    return copy
+
+
+def measure(fg: Fn, make_bg: Callable[[], Enqueued | Looped] | None, reps: int) -> dict:
+    if make_bg is None:
+        return {"ms": time_ms(fg, reps), "overlapped": True}
+    bg = make_bg()
+    bg.start()
+    ms = time_ms(fg, reps)
+    return {"ms": ms, "overlapped": bg.stop()}
+
+
+def round_ms(kind: str, nbytes: int, channels: int) -> float:
+    """Time of one background round alone (to enqueue just enough rounds)."""
+    bg = Enqueued(kind, nbytes, channels, 4)
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    bg.start()
+    bg.end.synchronize()
+    torch.cuda.current_stream().wait_event(bg.end)
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) / 4
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--backgrounds", default="host,smcopy")
+    p.add_argument("--uih", default="1000,4000,21000")
+    p.add_argument("--dims", default="128,512,1024")
+    p.add_argument("--tokens", type=int, default=64_000, help="attention tokens per call")
+    p.add_argument("--gemm", type=int, default=8192)
+    p.add_argument("--membound-bytes", type=int, default=1 << 30)
+    p.add_argument("--bytes", type=int, default=256 << 20, help="communication volume per round")
+    p.add_argument("--channels", type=int, default=32, help="programs of the SM copy")
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--out", default=f"benchmarks/results/interference-{date.today()}")
+    args = p.parse_args()
+    world = 1
+    if "RANK" in os.environ:
+        dist.init_process_group("nccl")
+        world = dist.get_world_size()
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    fgs: dict[str, Fn] = {}
+    for uih in (int(x) for x in args.uih.split(",")):
+        for dim in (int(x) for x in args.dims.split(",")):
+            fgs[f"attention fwd+bwd L={uih} d={dim}"] = attention(uih, dim, args.tokens)
+    fgs[f"gemm bf16 {args.gemm}^3"] = gemm(args.gemm)
+    fgs[f"membound {args.membound_bytes >> 20} MiB"] = membound(args.membound_bytes)
+
+    per_round = {k: round_ms(k, args.bytes, args.channels) for k in ("host", "smcopy")}
+    print(f"background round alone: {per_round} ms per {args.bytes >> 20} MiB", flush=True)
+
+    def background(kind: str, fg_ms: float) -> Callable[[], Enqueued | Looped]:
+        if kind in ("host", "smcopy"):
+            # Enough rounds to outlast the foreground's warm-ups and repeats twice over.
+            iters = int(2 * (args.reps + 3) * fg_ms / per_round[kind]) + 4
+            return lambda: Enqueued(kind, args.bytes, args.channels, iters)
+        if world < 2:
+            raise SystemExit(f"background {kind!r} needs torchrun with 2+ GPUs")
+        return lambda: Looped(kind, args.bytes)
+
+    kinds = args.backgrounds.split(",")
+    rows = []
+    for name, fg in fgs.items():
+        row = {"kernel": name, "alone": measure(fg, None, args.reps)}
+        for kind in kinds:
+            row[kind] = measure(fg, background(kind, row["alone"]["ms"]), args.reps)
+        rows.append(row)
+        base = row["alone"]["ms"]
+        cells = "  ".join(f"{k} {100 * (row[k]['ms'] / base - 1):+.1f}%" for k in kinds)
+        print(f"{name:40s} alone {base:8.3f} ms  {cells}", flush=True)
+    if world > 1 and dist.get_rank() != 0:
+        dist.destroy_process_group()
+        return 0
+    lines = [
+        "# Interference of overlapped communication with compute (Fig. 10)", "",
+        f"- date: {date.today()}",
+        f"- machine: {world} x {torch.cuda.get_device_name(0)}, torch {torch.__version__}",
+        f"- command: `python {' '.join(sys.argv)}`",
+        f"- background volume: {args.bytes >> 20} MiB per round; SM copy: {args.channels} "
+        "programs", "",
+        "| kernel | alone ms | " + " | ".join(f"with {k} ms (slowdown)" for k in kinds) + " |",
+        "|---|---|" + "---|" * len(kinds),
+    ]  # fmt: skip
+    for row in rows:
+        base = row["alone"]["ms"]
+        cells = [
+            f"{row[k]['ms']:.3f} ({100 * (row[k]['ms'] / base - 1):+.1f}%)"
+            + ("" if row[k]["overlapped"] else " ⚠ background ended early")
+            for k in kinds
+        ]
+        lines.append(f"| {row['kernel']} | {base:.3f} | " + " | ".join(cells) + " |")
+    Path(args.out).with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print(json.dumps({"benchmark": "interference", "world_size": world, "rows": rows}))
+    if world > 1:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
