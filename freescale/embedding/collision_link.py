@@ -179,15 +179,20 @@ def owner_marks_reference(slots_now: Tensor, slots_next: Tensor) -> tuple[Tensor
 
 
 def sum_per_peer(mark: Tensor, counts: list[int]) -> Tensor:
-    """Marked positions per peer, for a buffer laid out as ``counts[0]`` rows of peer 0, ..."""
+    """Marked positions per peer, for a buffer laid out as ``counts[0]`` rows of peer 0, ...
+
+    A prefix sum read at the peers' boundaries: a scatter-add would send every
+    position to one of W counters (a deterministic scatter then serializes on
+    them: ~17 ms per call for 300K ids on an H200).
+    """
     device = mark.device
-    lengths = host_to_device(torch.tensor(counts, dtype=torch.int64), device)
-    peer = torch.repeat_interleave(
-        torch.arange(len(counts), device=device), lengths, output_size=mark.numel()
-    )
-    return torch.zeros(len(counts), dtype=torch.int64, device=device).index_add_(
-        0, peer, mark.to(torch.int64)
-    )
+    prefix = torch.zeros(mark.numel() + 1, dtype=torch.int64, device=device)
+    torch.cumsum(mark.to(torch.int64), 0, out=prefix[1:])
+    bounds = [0]
+    for c in counts:
+        bounds.append(bounds[-1] + c)
+    at = prefix.index_select(0, host_to_device(torch.tensor(bounds, dtype=torch.int64), device))
+    return at[1:] - at[:-1]
 
 
 def split_marked(x: Tensor, mark: Tensor, marked: int) -> tuple[Tensor, Tensor]:

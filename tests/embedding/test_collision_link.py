@@ -4,7 +4,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from freescale.embedding.collision_link import fill_marked, owner_marks, owner_marks_reference
+from freescale.embedding.collision_link import (
+    fill_marked,
+    owner_marks,
+    owner_marks_reference,
+    sum_per_peer,
+)
 
 slots = st.lists(st.integers(0, 40), max_size=60).map(lambda v: torch.tensor(v, dtype=torch.int64))
 
@@ -27,3 +32,15 @@ def test_fill_marked_replaces_the_marked_rows_in_order(mark):
     out = fill_marked(mark_t, on_marked, full)
     assert torch.equal(out[mark_t], on_marked)
     assert torch.equal(out[~mark_t], full[~mark_t])
+
+
+@settings(max_examples=100, deadline=None)
+@given(counts=st.lists(st.integers(0, 6), min_size=1, max_size=5), data=st.data())
+def test_sum_per_peer_counts_marks_in_each_peers_range(counts, data):
+    mark = torch.tensor(data.draw(st.lists(st.booleans(), min_size=sum(counts),
+                                           max_size=sum(counts))), dtype=torch.bool)  # fmt: skip
+    want, start = [], 0
+    for c in counts:
+        want.append(int(mark[start : start + c].sum()))
+        start += c
+    assert sum_per_peer(mark, counts).tolist() == want

@@ -128,11 +128,25 @@ def loss_of(outputs: dict, features: dict, id_weights: dict, tgt: dict) -> torch
 
 
 # ---- one training run on one rank ---------------------------------------------
+def to_device(local: tuple[dict, dict], device: torch.device) -> tuple[dict, dict]:
+    features, id_weights = local
+
+    def move(x):
+        if isinstance(x, JaggedTensor):
+            return JaggedTensor(x.values.to(device), x.offsets.to(device))
+        return x.to(device)
+
+    return {f: move(v) for f, v in features.items()}, {f: move(w) for f, w in id_weights.items()}
+
+
 def train(coll, comm, batches, prioritized: bool, first: int = 0, gap: int | None = GAP) -> dict:
     """Steps ``first..`` of ``batches``; prioritized runs prefetch step i+1 before
     forward on even steps, after it on odd ones, and skip the prefetch at ``gap``."""
-    tgt = targets()
-    local = [local_batch(b, s, comm.rank, comm.world_size) for s, b in enumerate(batches)]
+    tgt = {name: t.to(comm.device) for name, t in targets().items()}
+    local = [
+        to_device(local_batch(b, s, comm.rank, comm.world_size), comm.device)
+        for s, b in enumerate(batches)
+    ]
     steps = range(first, len(batches))
     if prioritized:
         coll.prefetch(local[first][0])
