@@ -115,21 +115,30 @@ class ShardedEmbeddingCollection(nn.Module):
 
         Issues the validation/counts exchange now; `prefetch_ids` (or the
         forward itself) then issues the ids AllToAll. Calls are matched in
-        order; every rank must prefetch the same calls. In prioritized mode it
-        does all the work of the next step that waits for no update (see
-        `freescale.embedding.prioritized`): call it for step i+1 before step
-        i's backward, at most one step ahead.
+        order; every rank must prefetch the same calls.
+
+        In prioritized mode (`freescale.embedding.prioritized`) the work of the
+        next step that waits for no update runs in two phases: this call issues
+        its preflight exchange; `prefetch_ids` (or, at the latest, the next
+        ``prefetch`` or the forward that needs it) does the rest. Call it for
+        step i+1 before step i's backward, at most one step ahead; calling
+        `prefetch_ids` after step i's forward has been launched keeps the
+        host's one read of the counts off the GPU's critical path.
         """
         if self._prio is not None:
             prio = self._schedule()
+            prio.complete_pending()  # an earlier step's, not completed yet
             prio.check_can_prefetch()  # before any collective is issued
-            prio.prefetch(self._start(features))
+            prio.pending = self._start(features)
         else:
             self._pending.append(self._start(features))
 
     def prefetch_ids(self) -> None:
-        """Read the counts of every prefetched call and issue its ids AllToAll."""
-        for prepared in self._pending:  # (prioritized mode: prefetch did it)
+        """Read the counts of every prefetched call and issue its ids AllToAll
+        (prioritized mode: complete the prefetch of the next step)."""
+        if self._prio is not None:
+            self._schedule().complete_pending()
+        for prepared in self._pending:
             input_dist.issue_ids(prepared, self.comm, self.timer)
 
     @contextlib.contextmanager
@@ -174,8 +183,12 @@ class ShardedEmbeddingCollection(nn.Module):
                 raise RuntimeError("switch to prioritized updates with no sdd prefetch pending")
             self._prio = PrioritizedSchedule(self.comm, self.timer)
         elif not enabled and self._prio is not None:
-            self._schedule().drain()
+            prio = self._schedule()
+            pending, prio.pending = prio.pending, None
+            prio.drain()
             self._prio = None
+            if pending is not None:  # its preflight is issued: continue it sdd-style
+                self._pending.append(pending)
 
     @property
     def prioritized(self) -> bool:
@@ -192,7 +205,10 @@ class ShardedEmbeddingCollection(nn.Module):
         Device tensors, not read here (reading them would make the host wait
         for the device); None before any collision was computed.
         """
-        return None if self._prio is None else self._prio.last_stats
+        if self._prio is None:
+            return None
+        self._schedule().complete_pending()  # the split of a half-done prefetch
+        return self._prio.last_stats
 
     def _schedule(self) -> PrioritizedSchedule:
         assert self._prio is not None
@@ -201,6 +217,8 @@ class ShardedEmbeddingCollection(nn.Module):
 
     def _forward_prioritized(self, features: Features) -> Outputs:
         prio = self._schedule()
+        if not prio.steps and torch.is_grad_enabled() and self._use_prefetch:
+            prio.complete_pending()  # this forward's own lookup, half prefetched
         if not (torch.is_grad_enabled() and self._use_prefetch):
             # An evaluation lookup: it reads the current tables and updates
             # nothing, so prefetched rows stay valid.

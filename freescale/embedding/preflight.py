@@ -138,6 +138,8 @@ class PendingPreflight:
     unknown: list[str]
     send_counts: Tensor
     rank: int
+    # CUDA: [received, own counts] copied to pinned memory when issued, and its event.
+    host_copy: tuple[Tensor, object] | None = None
 
 
 def start_preflight(
@@ -162,7 +164,19 @@ def start_preflight(
     )
     payload = torch.cat([head.reshape(1, 5).expand(w, 5), send_counts.to(torch.int64)], dim=1)
     work = exchange_counts(comm, payload)
-    return PendingPreflight(work, keys, requests, unknown, send_counts, comm.rank)
+    host_copy = None
+    if device.type == "cuda":
+        # Start the device-to-host copy now, ordered after the exchange only:
+        # reading it later waits for this event, not for whatever the compute
+        # stream is given in between (sdd reads it after forward).
+        received = work.wait()
+        both = torch.cat([received.flatten(), send_counts.t().flatten().to(received.dtype)])
+        host = torch.empty(both.shape, dtype=both.dtype, pin_memory=True)
+        host.copy_(both, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        host_copy = (host, event)
+    return PendingPreflight(work, keys, requests, unknown, send_counts, comm.rank, host_copy)
 
 
 def finish_preflight(p: PendingPreflight) -> tuple[list[list[int]], list[list[int]]]:
@@ -170,11 +184,18 @@ def finish_preflight(p: PendingPreflight) -> tuple[list[list[int]], list[list[in
 
     Raises ValueError on every rank if any rank's input is bad.
     """
-    counts = p.work.wait()
-    # One device-to-host read for what arrived and for this rank's own counts.
-    both = torch.cat([counts.flatten(), p.send_counts.t().flatten().to(counts.dtype)]).tolist()
-    received = [both[i : i + counts.shape[1]] for i in range(0, counts.numel(), counts.shape[1])]
-    own = both[counts.numel() :]
+    width = 5 + p.send_counts.shape[1]
+    if p.host_copy is not None:
+        host, event = p.host_copy
+        event.synchronize()  # type: ignore[attr-defined]
+        both = host.tolist()
+    else:
+        counts = p.work.wait()
+        # One read for what arrived and for this rank's own counts.
+        both = torch.cat([counts.flatten(), p.send_counts.t().flatten().to(counts.dtype)]).tolist()
+    n = width * p.send_counts.shape[0]
+    received = [both[i : i + width] for i in range(0, n, width)]
+    own = both[n:]
     for src, row in enumerate(received):
         if row[0] != received[p.rank][0]:
             raise ValueError(

@@ -105,6 +105,9 @@ class PrioritizedSchedule:
         self.steps: deque[StepState] = deque()  # [current] or [current, next]
         self.stash: list[Deferred] = []
         self.last_stats: CollisionStats | None = None
+        # The next step's lookup with only its preflight issued (two-phase prefetch):
+        # `complete_pending` runs `prefetch` on it, at the latest before backward.
+        self.pending: input_dist.PreparedLookup | None = None
 
     # ---- off the critical path ---------------------------------------------
     def prefetch(self, prepared: input_dist.PreparedLookup) -> StepState:
@@ -131,6 +134,11 @@ class PrioritizedSchedule:
             state.exclusive[g] = self._send_exclusive(call, state.prev.get(g))
         self.steps.append(state)
         return state
+
+    def complete_pending(self) -> None:
+        if self.pending is not None:
+            prepared, self.pending = self.pending, None
+            self.prefetch(prepared)
 
     def check_can_prefetch(self) -> None:
         if len(self.steps) == 2:
@@ -198,6 +206,7 @@ class PrioritizedSchedule:
         """Collision part now (and its rows to the next step); exclusive part stashed."""
         if not self.steps or self.steps[0] is not state or not state.forwarded:
             raise RuntimeError("backward ran twice, or out of order, through a prioritized lookup")
+        self.complete_pending()  # the next step must be split against this one first
         self.steps.popleft()
         self.flush()  # normally empty: prefetch applied it
         nxt = self.steps[0] if self.steps else None

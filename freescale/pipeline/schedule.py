@@ -4,14 +4,14 @@ The trainer calls the same hooks in every mode; a mode is one small object
 that decides what happens in them (step i, batch i+1 already known):
 
 - ``upcoming(batch i+1)``, at the start of step i.
-  `sync`: nothing. `sdd`: the preflight exchange and the candidate count of
-  i+1. `freescale`: the same, and the embedding collection's prefetch of
-  i+1 (apply the stashed X^(i-1), exchange the ids of i+1, look up N^(i+1)
-  and send it with the collision mask).
+  `sync`: nothing. `sdd` and `freescale`: the preflight exchange and the
+  candidate count of i+1 (on GPUs their counts are copied to pinned memory
+  at once, so the later read waits for that copy only).
 - ``global_count(step i)``: `sync` all-reduces the count now (blocking);
   the others waited for the one issued a step earlier.
 - ``after_forward()``: `sdd` issues the ids AllToAll of i+1 (it overlaps
-  backward); the others do nothing.
+  backward); `freescale` does the rest of i+1's prefetch (the ids exchange,
+  the collision split, the lookup and send of i+1's rows); `sync` nothing.
 - backward (inside the embedding collection): `sync`/`sdd` exchange and
   apply the gradients of every row; `freescale` only the collision rows
   now, the rest at the start of step i+1.
@@ -53,7 +53,7 @@ class Schedule:
         """Make the tables exact now (before evaluation, checkpoints, the end)."""
 
     def collision_counts(self) -> Tensor | None:
-        """Right after `upcoming`: this rank's [C^i rows, rows of i+1, C^i ids, ids
+        """After step i: this rank's [C^i rows, rows of i+1, C^i ids, ids
         of i+1] as a device tensor (not read here), or None when the mode has none."""
         return None
 
@@ -98,7 +98,12 @@ class Prioritized(Schedule):
         embeddings.set_prioritized(True)
 
     def upcoming(self, batch: SampleBatch, info: BatchInfo) -> None:
-        self._prefetch(batch, info)
+        self._prefetch(batch, info)  # the preflight exchange of i+1 (pinned copy on GPU)
+
+    def after_forward(self) -> None:
+        # The rest of i+1's prefetch: its one host read (the counts) waits for the
+        # exchange issued before forward, while the GPU works on forward.
+        self.embeddings.prefetch_ids()
 
     def flush(self) -> None:
         self.embeddings.flush()

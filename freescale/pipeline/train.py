@@ -198,12 +198,11 @@ class Trainer:
             step_start = self.timer.mark()
             batch, info, handle = nxt
             feed.start_future(step)  # balancer stage I for step + 2
-            collision = None
             if step + 1 < cfg.steps:
                 nxt = feed.take()
                 self.schedule.upcoming(*nxt[:2])
-                collision = self.schedule.collision_counts()
             bce = self._train_step(batch, info)
+            collision = self.schedule.collision_counts() if step + 1 < cfg.steps else None
             self.timer.add_interval("step", step_start, self.timer.mark())
             on_device = [bce.double()]
             if math.isnan(info.positives):  # labels moved with the balanced samples
