@@ -79,7 +79,8 @@ def bench_rank(
 ) -> list:
     dev = torch.device(device)
     if dev.type == "cuda":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        # Several ranks may share one GPU (rank % device count).
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
         dev = torch.device("cuda", torch.cuda.current_device())
     w, rows = dist.get_world_size(), []
     for backend in backends:

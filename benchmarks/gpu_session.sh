@@ -107,7 +107,7 @@ PY
         | tail -5 || status=1
       timeout 200 torchrun --standalone --nproc-per-node 2 benchmarks/comm_bandwidth.py \
         --device cuda --backends smfree-shm,smfree-gloo --out "$out/comm-bandwidth-1xH200-2proc.md" \
-        2>&1 | grep -v Warning | tail -16
+        > "$out/comm-bandwidth.log" 2>&1; tail -5 "$out/comm-bandwidth.log"
       timeout 300 python3 benchmarks/interference.py --out "$out/interference-1xH200" 2>&1 \
         | grep -v Warning | tail -16 ;;
     *) echo "unknown part $part" >&2; exit 2 ;;
