@@ -22,7 +22,9 @@ def _train(overrides: list[str]) -> dict:
     }
 
 
-@pytest.mark.parametrize("setting", ["mode=sync", "mode=sdd", "mode=sdd,balance=fbs"])
+@pytest.mark.parametrize(
+    "setting", ["mode=sync", "mode=sdd", "mode=sdd,balance=fbs", "mode=freescale,balance=fbs"]
+)
 def test_smfree_training_is_bit_identical_to_torch(setting):
     overrides = setting.split(",")
     torch_runs = run_ranks(_train, 2, [*overrides, "comm_backend=torch"], timeout=240)
