@@ -71,6 +71,9 @@ class ShardedEmbeddingCollection(nn.Module):
         plan = plan if plan is not None else ShardingPlan()
         _check_names(tables)
         self.comm, self.plan = comm, plan
+        # Exchanges issued ahead of their use (prefetches, deferred gradients)
+        # may travel on another backend than the blocking ones (`set_overlap_comm`).
+        self.overlap_comm: Communicator = comm
         self.device = torch.device(device) if device is not None else comm.device
         self.tables = {t.name: t for t in tables}
         self.stores = nn.ModuleList()
@@ -100,7 +103,9 @@ class ShardedEmbeddingCollection(nn.Module):
         """Look up every feature; see the module docstring for the contract."""
         if self._prio is not None:
             return self._forward_prioritized(features)
-        return self._forward_sync(self._take_prefetched(features) or self._start(features))
+        return self._forward_sync(
+            self._take_prefetched(features) or self._start(features, self.comm)
+        )
 
     def _forward_sync(self, prepared: input_dist.PreparedLookup) -> Outputs:
         input_dist.issue_ids(prepared, self.comm, self.timer)
@@ -129,9 +134,9 @@ class ShardedEmbeddingCollection(nn.Module):
             prio = self._schedule()
             prio.complete_pending()  # an earlier step's, not completed yet
             prio.check_can_prefetch()  # before any collective is issued
-            prio.pending = self._start(features)
+            prio.pending = self._start(features, self.overlap_comm)
         else:
-            self._pending.append(self._start(features))
+            self._pending.append(self._start(features, self.overlap_comm))
 
     def prefetch_ids(self) -> None:
         """Read the counts of every prefetched call and issue its ids AllToAll
@@ -139,7 +144,7 @@ class ShardedEmbeddingCollection(nn.Module):
         if self._prio is not None:
             self._schedule().complete_pending()
         for prepared in self._pending:
-            input_dist.issue_ids(prepared, self.comm, self.timer)
+            input_dist.issue_ids(prepared, self.overlap_comm, self.timer)
 
     @contextlib.contextmanager
     def prefetch_disabled(self) -> Iterator[None]:
@@ -150,11 +155,24 @@ class ShardedEmbeddingCollection(nn.Module):
         finally:
             self._use_prefetch = saved
 
-    def _start(self, features: Features) -> input_dist.PreparedLookup:
+    def _start(self, features: Features, comm: Communicator) -> input_dist.PreparedLookup:
         keys = sorted(features)
         unknown = [k for k in keys if k not in self._feature_table]
         requests = [] if unknown else [self._request(k, features[k]) for k in keys]
-        return input_dist.start(self.comm, list(self.stores), keys, requests, unknown, self.device)
+        return input_dist.start(comm, list(self.stores), keys, requests, unknown, self.device)
+
+    def set_overlap_comm(self, comm: Communicator) -> None:
+        """Carry the exchanges issued ahead of their use (the next step's preflight,
+        ids, collision marks and rows, deferred gradients) on ``comm`` (e.g. the
+        SM-free backend); the blocking ones stay on the collection's own. Same
+        ranks and world size; set it between steps with nothing prefetched."""
+        if (comm.rank, comm.world_size) != (self.comm.rank, self.comm.world_size):
+            raise ValueError("the overlap communicator must span the same ranks")
+        if self._pending or (self._prio is not None and (self._prio.steps or self._prio.pending)):
+            raise RuntimeError("set the overlap communicator with nothing prefetched")
+        self.overlap_comm = comm
+        if self._prio is not None:
+            self._prio.overlap = comm
 
     def _take_prefetched(self, features: Features) -> input_dist.PreparedLookup | None:
         if not self._pending or not self._use_prefetch:
@@ -181,7 +199,7 @@ class ShardedEmbeddingCollection(nn.Module):
         if enabled and self._prio is None:
             if self._pending:
                 raise RuntimeError("switch to prioritized updates with no sdd prefetch pending")
-            self._prio = PrioritizedSchedule(self.comm, self.timer)
+            self._prio = PrioritizedSchedule(self.comm, self.timer, self.overlap_comm)
         elif not enabled and self._prio is not None:
             prio = self._schedule()
             pending, prio.pending = prio.pending, None
@@ -228,10 +246,10 @@ class ShardedEmbeddingCollection(nn.Module):
                     "a lookup with gradients outside the prioritized schedule would change "
                     "rows already prefetched: run it under torch.no_grad()"
                 )
-            return self._forward_sync(self._start(features))
+            return self._forward_sync(self._start(features, self.comm))
         state = prio.take()
         if state is None:
-            state = prio.prefetch(self._start(features))
+            state = prio.prefetch(self._start(features, self.overlap_comm))
         else:
             self._check_prefetched(state.prepared, features)
         if not state.prepared.calls:  # no rank passed features: nothing to update

@@ -100,8 +100,13 @@ class Deferred:
 class PrioritizedSchedule:
     """The context that persists across steps: the prefetched steps and the stash."""
 
-    def __init__(self, comm: Communicator, timer: Timer = no_timer) -> None:
+    def __init__(
+        self, comm: Communicator, timer: Timer = no_timer, overlap: Communicator | None = None
+    ) -> None:
+        # ``comm`` carries the blocking exchanges (collision gradients and rows);
+        # ``overlap`` those issued ahead of their use (prefetch, deferred gradients).
         self.comm, self.timer = comm, timer
+        self.overlap = overlap if overlap is not None else comm
         self.steps: deque[StepState] = deque()  # [current] or [current, next]
         self.stash: list[Deferred] = []
         self.last_stats: CollisionStats | None = None
@@ -115,7 +120,7 @@ class PrioritizedSchedule:
         self.check_can_prefetch()
         self.flush()
         state = StepState(prepared)
-        input_dist.issue_ids(prepared, self.comm, self.timer)
+        input_dist.issue_ids(prepared, self.overlap, self.timer)
         with self.timer("ids_a2a"):
             for call in prepared.calls:
                 assert call.ids_work is not None
@@ -124,7 +129,7 @@ class PrioritizedSchedule:
         with self.timer("collision"):
             for g, call in state.calls().items():
                 if g in prev:
-                    state.prev[g] = collision_link.link(self.comm, prev[g], call)
+                    state.prev[g] = collision_link.link(self.overlap, prev[g], call)
                     self.steps[-1].next[g] = state.prev[g]
         self.last_stats = None
         if state.prev:
@@ -159,7 +164,7 @@ class PrioritizedSchedule:
         assert call.recv_slots is not None
         with self.timer("lookup"):
             rows = call.store.lookup(call.recv_slots)
-        return self.comm.all_to_all_v(rows, call.recv, call.send)
+        return self.overlap.all_to_all_v(rows, call.recv, call.send)
 
     def flush(self) -> None:
         """Apply the stashed exclusive updates (a local operation: no collective)."""
@@ -228,7 +233,7 @@ class PrioritizedSchedule:
             deferred.append((call.store, slots_ex, g_ex, lk, steps))
         # The exclusive gradients leave last: they are not on the critical path.
         for store, slots_ex, g_ex, lk, steps in deferred:
-            work = self.comm.all_to_all_v(g_ex, *lk.counts().grads_ex)
+            work = self.overlap.all_to_all_v(g_ex, *lk.counts().grads_ex)
             self.stash.append(Deferred(store, slots_ex, work, steps))
 
     def _update(

@@ -30,6 +30,9 @@ class TrainConfig:
     nproc: int = 2
     device: str = "cpu"
     comm_backend: str = "torch"  # torch | smfree[-shm|-gloo|-hier] (docs/comm.md)
+    # backend of the exchanges issued ahead of their use (balancer stage III, the
+    # embedding prefetches, deferred gradients); empty: the same as comm_backend
+    comm_overlapped: str = ""
     steps: int = 150
     warmup: int = 5
     batch_size: int = 32
@@ -79,6 +82,8 @@ class TrainConfig:
         _choice("balance", self.balance, BALANCE)
         _choice("device", self.device, DEVICES)
         _choice("comm_backend", self.comm_backend, COMM_BACKENDS)
+        if self.comm_overlapped:
+            _choice("comm_overlapped", self.comm_overlapped, COMM_BACKENDS)
         _choice("emb_optimizer", self.emb_optimizer, EMB_OPTIMIZERS)
         _choice("assignment", self.assignment, ("hashed", "block"))
         _choice("attention", self.attention, ("auto", "reference", "varlen"))

@@ -85,6 +85,10 @@ class Trainer:
         self.timer = SectionTimer(self.device)
         self.comm = make_communicator(cfg.comm_backend, self.device)
         self.embeddings = swap(self.model, sharding_plan(cfg), self.comm, self.device)
+        self.overlap_comm = self.comm
+        if cfg.comm_overlapped and cfg.comm_overlapped != cfg.comm_backend:
+            self.overlap_comm = make_communicator(cfg.comm_overlapped, self.device)
+            self.embeddings.set_overlap_comm(self.overlap_comm)
         self.embeddings.timer = self.timer.section
         self.dense = DenseSync(self.model, self.timer.seq_mark)
         self.schedule = SCHEDULES[cfg.mode](
@@ -100,7 +104,7 @@ class Trainer:
                 cfg.plan_process == "auto" and self.device.type == "cuda"
             )
             self.balance = BalanceStage(
-                cfg.balance, self.comm, cfg.batch_size, self.timer.section, in_process
+                cfg.balance, self.overlap_comm, cfg.batch_size, self.timer.section, in_process
             )
         self.summary = RunSummary(cfg.warmup)
         # Metrics travel over gloo: gathering them never waits for the GPU.

@@ -15,6 +15,7 @@ def _train(overrides: list[str]) -> dict:
     trainer.run()
     return {
         "comm": type(trainer.comm).__name__,
+        "overlap": type(trainer.overlap_comm).__name__,
         "losses": [s["loss"] for s in trainer.summary.steps],
         "table": trainer.embeddings.full_table("item_emb"),
         "opt_state": trainer.embeddings.full_optimizer_state("item_emb"),
@@ -40,7 +41,24 @@ def test_smfree_training_is_bit_identical_to_torch(setting):
             assert torch.equal(a["dense"][k], b["dense"][k]), k
 
 
+@pytest.mark.parametrize("mode", ["sdd", "freescale"])
+def test_overlapped_categories_on_smfree_are_bit_identical_to_torch(mode):
+    """Prefetches, deferred gradients and balancer stage III on smfree, the
+    blocking exchanges on torch: the same numbers as all on torch."""
+    overrides = [f"mode={mode}", "balance=fbs"]
+    torch_runs = run_ranks(_train, 2, [*overrides, "comm_backend=torch"], timeout=240)
+    mixed = run_ranks(_train, 2, [*overrides, "comm_overlapped=smfree"], timeout=240)
+    for a, b in zip(torch_runs, mixed, strict=True):
+        assert b["overlap"] == "SmFreeCommunicator" and b["comm"] == "TorchCommunicator"
+        assert a["losses"] == b["losses"]
+        assert torch.equal(a["table"], b["table"])
+        for k in a["dense"]:
+            assert torch.equal(a["dense"][k], b["dense"][k]), k
+
+
 def test_comm_backend_is_validated():
     assert build_config("demo").comm_backend == "torch"
     with pytest.raises(ValueError, match="comm_backend must be one of torch, smfree"):
         build_config("demo", ["comm_backend=nccl"])
+    with pytest.raises(ValueError, match="comm_overlapped must be one of torch, smfree"):
+        build_config("demo", ["comm_overlapped=nvlink"])
