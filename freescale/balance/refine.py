@@ -86,7 +86,7 @@ def refine_makespan(
             peak, i, j = _best_exchange(
                 costs[mh], costs[ml], float(loads[h]), float(loads[l]), allow
             )
-            if peak < loads[h]:
+            if peak < loads[h] * (1.0 - 1e-12):  # a real gain, not summation-order noise
                 _apply(dest, costs, loads, members, h, l, i, j)
                 done = True
                 break

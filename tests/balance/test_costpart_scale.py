@@ -129,9 +129,9 @@ def test_bounds_never_exceed_the_optimum(costs, w):
 def _seqrec(g: int, seed: int) -> torch.Tensor:
     rng = np.random.default_rng(seed)
     body = np.maximum(np.floor(rng.lognormal(np.log(6), 1.0, g)), 1)
-    tail = rng.random(g) < 0.002
-    body[tail] = np.floor(50 * rng.random(int(tail.sum())) ** (-1 / 1.5))
-    return torch.from_numpy(np.minimum(body, 3000).astype(np.int64))
+    tail = rng.random(g) < 0.003  # as benchmarks/partition.py's "seqrec"
+    body[tail] = np.floor(30 * rng.random(int(tail.sum())) ** (-1 / 1.2))
+    return torch.from_numpy(np.minimum(body, 1000).astype(np.int64))
 
 
 def _world(uih: torch.Tensor, w: int) -> WorldLengths:
@@ -177,7 +177,8 @@ def test_refinement_never_raises_the_makespan_and_keeps_counts(world, coef):
     w = world.world_size
     start = zigzag_plan(torch.from_numpy(costs), w).dest().numpy()
     out = refine_makespan(start, costs, w, budget=16)
-    assert makespan(out, costs, w) <= makespan(start, costs, w)
+    # Up to summation order (loads are updated incrementally inside).
+    assert makespan(out, costs, w) <= makespan(start, costs, w) * (1 + 1e-12)
     assert np.array_equal(np.bincount(out, minlength=w), np.bincount(start, minlength=w))
 
 
