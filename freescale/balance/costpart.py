@@ -12,9 +12,9 @@ model it is never worse than any of them, FBS included:
   largest differences, heavy side of one with the light side of the other;
 - ``zigzag-cost`` and ``fbs``: the FBS zig-zag on predicted costs and on UIH
   lengths;
-- ``refined``: the best of the above improved by swaps (and, with variable
-  counts, moves) of samples between the slowest rank and the lightest ones
-  (`freescale.balance.refine`), within a step budget derived from W.
+- ``refined``: the best of the above improved by swaps of samples between
+  the slowest rank and the lightest ones (`freescale.balance.refine`), within
+  a budget of pair searches derived from W.
 
 (An earlier version refined toward equal sums of every cost feature and kept
 the result when it beat FBS, even when its own LPT plan was far better; it
@@ -24,11 +24,12 @@ cost O(B²) per swap. The selection is now strictly by the model.)
 get one sample more). ``counts="variable"`` lets ranks hold different counts,
 which heavy-tailed steps need (a rank with one huge sample should hold few
 others), between 1 (when G >= W) and ``max_count`` (0: twice the equal
-count; never below it), so memory stays bounded. Its candidates add LPT
-without the count constraint (plain LPT, caps only) and a refinement that may
-move samples; the equal-count plans stay candidates, so variable counts are
-never worse under the model. The loss is normalized by the global candidate
-count, so uneven local batches do not change the math.
+count; never below it), so memory stays bounded. Its candidates add plain
+LPT under the cap and ``refined-variable``, the best plan so far refined by
+swaps and moves; the equal-count plans (refined included) stay candidates,
+so variable counts are never worse under the model than equal counts. The
+loss is normalized by the global candidate count, so uneven local batches do
+not change the math.
 
 Planning time (one core): every step is vectorized NumPy except the exact
 heap steps for the W largest samples and the KK loop at W = 2; the refinement
@@ -193,27 +194,34 @@ class CostPartitioner:
         return max(even, self.max_count or 2 * even)
 
     def candidates(self, world: WorldLengths, costs: np.ndarray) -> list[tuple[str, np.ndarray]]:
-        """Every candidate's per-sample destinations, in tie-breaking order."""
+        """Every candidate's per-sample destinations, in tie-breaking order: the
+        equal-count ones (refined first), then with variable counts their own
+        (refined first) ahead of them, so every equal-count plan stays a candidate."""
         w, g = world.world_size, world.total
         room = np.asarray(equal_counts(g, w), dtype=np.int64)
         order = fast_descending_order(costs)  # shared by LPT and the zig-zag
         out = [("lpt", lpt_dest(costs, room, project=True, order=order))]
-        if self.counts == "variable":
-            cap = np.full(w, self.cap(g, w), dtype=np.int64)
-            out.insert(0, ("lpt-variable", lpt_dest(costs, cap, project=False, order=order)))
         if self.karmarkar_karp and w == 2:
             out.append(("kk", karmarkar_karp_plan(torch.from_numpy(costs)).dest().numpy()))
         out.append(("zigzag-cost", zigzag_dest(costs, w, order)))
         out.append(("fbs", zigzag_dest(world.uih_lengths.numpy(), w)))
-        best = min(out, key=lambda c: makespan(c[1], costs, w))[1]
         if self.refine and w > 1 and g:
-            if self.counts == "variable":
+            out.insert(0, ("refined", refine_makespan(self._best(out, costs, w), costs, w,
+                                                      refine_budget(w))))  # fmt: skip
+        if self.counts == "variable":
+            cap = np.full(w, self.cap(g, w), dtype=np.int64)
+            mine = [("lpt-variable", lpt_dest(costs, cap, project=False, order=order))]
+            if self.refine and w > 1 and g:
+                start = self._best(mine + out, costs, w)
                 lo = 1 if g >= w else 0
-                dest = refine_makespan(best, costs, w, refine_budget(w), lo, self.cap(g, w))
-            else:
-                dest = refine_makespan(best, costs, w, refine_budget(w))
-            out.insert(0, ("refined", dest))
+                dest = refine_makespan(start, costs, w, refine_budget(w), lo, self.cap(g, w))
+                mine.insert(0, ("refined-variable", dest))
+            out = mine + out
         return out
+
+    @staticmethod
+    def _best(found: list[tuple[str, np.ndarray]], costs: np.ndarray, w: int) -> np.ndarray:
+        return min(found, key=lambda c: makespan(c[1], costs, w))[1]
 
     def __call__(self, world: WorldLengths, runtime: RuntimeInfo) -> Plan:
         w = world.world_size
