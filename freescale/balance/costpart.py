@@ -1,29 +1,44 @@
-"""Cost-model partitioner (beyond the paper): equal counts, minimal predicted makespan.
+"""Cost-model partitioner (beyond the paper): minimal predicted slowest rank.
 
 Per-sample costs come from the online-fitted `CostModel` in ``runtime`` (or
-its prior, cost = UIH length, before any measurement). Samples are then
-placed with equal counts (`freescale.balance.plan.equal_counts`) by:
+its prior, cost = UIH length, before any measurement). The partitioner builds
+several candidate plans and returns the one whose slowest rank has the
+smallest predicted cost (ties: the earlier candidate below), so under its own
+model it is never worse than any of them, FBS included:
 
-- LPT: longest predicted cost first, each onto the least-loaded rank that
-  still has room (ties: lower rank; equal costs: lower global index);
-- for W = 2, balanced Karmarkar–Karp differencing: pair neighbours of the
-  sorted list, then repeatedly merge the two partial partitions with the
-  largest differences, the heavy side of one with the light side of the
-  other; every pair gives one sample to each side, so counts stay equal;
-- zig-zag (FBS) on the predicted costs and on the UIH lengths.
+- ``lpt``: projected LPT with per-rank caps (`freescale.balance.lpt`);
+- ``kk`` (W = 2): balanced Karmarkar–Karp differencing: pair neighbours of
+  the sorted list, then repeatedly merge the two partial partitions with the
+  largest differences, heavy side of one with the light side of the other;
+- ``zigzag-cost`` and ``fbs``: the FBS zig-zag on predicted costs and on UIH
+  lengths;
+- ``refined``: the best of the above improved by swaps of samples between
+  the slowest rank and the lightest ones (`freescale.balance.refine`), within
+  a budget of pair searches derived from W.
 
-The plan with the smallest maximum predicted rank cost wins (ties: the order
-above). It is then refined by swapping sample pairs between ranks
-(`refine_by_swaps`) so that, besides the predicted cost, every cost feature
-(UIH tokens, squared lengths, candidates, content) is balanced too: the
-fitted coefficients are noisy (balanced steps give the fit little contrast),
-and a plan that equalizes every feature is balanced under *any* linear cost.
-The refined plan is kept only if its predicted slowest rank is no worse than
-FBS's, so under its own cost model this partitioner is never worse than FBS.
+(An earlier version refined toward equal sums of every cost feature and kept
+the result when it beat FBS, even when its own LPT plan was far better; it
+cost O(B²) per swap. The selection is now strictly by the model.)
+
+``counts="equal"`` (default) keeps `equal_counts` (the first G mod W ranks
+get one sample more). ``counts="variable"`` lets ranks hold different counts,
+which heavy-tailed steps need (a rank with one huge sample should hold few
+others), between 1 (when G >= W) and ``max_count`` (0: twice the equal
+count; never below it), so memory stays bounded. Its candidates add plain
+LPT under the cap and ``refined-variable``, the best plan so far refined by
+swaps and moves; the equal-count plans (refined included) stay candidates,
+so variable counts are never worse under the model than equal counts. The
+loss is normalized by the global candidate count, so uneven local batches do
+not change the math.
+
+Planning time (one core): every step is vectorized NumPy except the exact
+heap steps for the W largest samples and the KK loop at W = 2; the refinement
+budget is a step count, not a time, so every rank computes the same plan.
 """
 
 from __future__ import annotations
 
+import functools
 import heapq
 from dataclasses import dataclass
 
@@ -32,25 +47,41 @@ import torch
 from torch import Tensor
 
 from freescale.balance.cost import CostModel
-from freescale.balance.fbs import descending_order, zigzag_plan
-from freescale.balance.plan import Plan, equal_counts, rank_loads
+from freescale.balance.fbs import descending_order, zigzag_ranks
+from freescale.balance.lpt import projected_lpt
+from freescale.balance.plan import Plan, equal_counts
+from freescale.balance.refine import refine_makespan
 from freescale.balance.runtime import RuntimeInfo
-from freescale.balance.world import WorldLengths, sample_features
+from freescale.balance.sorting import descending_order as fast_descending_order
+from freescale.balance.sorting import group_by_dest
+from freescale.balance.world import WorldLengths
+
+COUNTS = ("equal", "variable")
+
+
+EXACT_HEAD = 1024  # samples placed by exact heap steps (~0.7 µs each) before grouping
+
+
+def lpt_dest(
+    x: np.ndarray, room: np.ndarray, project: bool, order: np.ndarray | None = None
+) -> np.ndarray:
+    """Per-sample destinations of projected LPT (``project``) or plain LPT under caps;
+    ``order``: `descending_order` of ``x`` if already known."""
+    order = fast_descending_order(x) if order is None else order
+    w = room.size
+    head = max(w, min(x.size, EXACT_HEAD))
+    dest = np.empty(x.size, dtype=np.int64)
+    dest[order] = projected_lpt(
+        x[order], room, head=head, min_group=max(1, w // 2), project=project
+    )
+    return dest
 
 
 def lpt_plan(costs: Tensor, world_size: int) -> Plan:
-    """Longest-processing-time-first with per-rank capacities `equal_counts`."""
-    room = list(equal_counts(costs.numel(), world_size))
-    cost = costs.to(torch.float64).tolist()
-    heap = [(0.0, d) for d in range(world_size) if room[d] > 0]
-    dest = [0] * len(cost)
-    for g in descending_order(costs).tolist():
-        load, d = heapq.heappop(heap)
-        dest[g] = d
-        room[d] -= 1
-        if room[d]:
-            heapq.heappush(heap, (load + cost[g], d))
-    return Plan.from_dest(torch.tensor(dest, dtype=torch.int64), world_size, equal=True)
+    """Projected LPT with equal counts (`freescale.balance.lpt`)."""
+    room = np.asarray(equal_counts(costs.numel(), world_size), dtype=np.int64)
+    dest = lpt_dest(costs.to(torch.float64).numpy(), room, project=True)
+    return _plan(dest, world_size, equal=True)
 
 
 def karmarkar_karp_plan(costs: Tensor) -> Plan:
@@ -82,88 +113,123 @@ def karmarkar_karp_plan(costs: Tensor) -> Plan:
 
 
 def predicted_costs(world: WorldLengths, model: CostModel | None) -> Tensor:
-    """``[G]`` predicted per-sample costs (the prior model when ``model`` is None)."""
-    return (model or CostModel()).predict(sample_features(world))
+    """``[G]`` predicted per-sample costs (the prior model when ``model`` is None).
+
+    The same float64 operations, in the same order, as
+    ``model.predict(sample_features(world))``, so bit-identical to it, but
+    only the columns with a non-zero coefficient are built (the content sums
+    and the [G, 5] stack cost more than the rest of a W = 8 plan)."""
+    coef = (model or CostModel()).coefficients
+    uih = world.uih_lengths.to(torch.float64)
+    columns = (
+        lambda: torch.ones_like(uih),
+        lambda: uih,
+        lambda: uih * uih,
+        lambda: world.num_candidates.to(torch.float64),
+        lambda: world.content_per_sample().to(torch.float64),
+    )
+    out = torch.zeros(world.total, dtype=torch.float64)
+    for c, column in zip(coef, columns, strict=True):
+        if c:
+            out += column() * c
+    return out
 
 
-def refine_by_swaps(
-    dest: Tensor,
-    columns: Tensor,
-    weights: tuple[float, ...],
-    world_size: int,
-    max_swaps: int,
-) -> Tensor:
-    """Swap samples between rank pairs to lower sum_f w_f * sum_r (dev_rf / mean_f)^2.
+@functools.lru_cache(maxsize=16)
+def _zigzag_ranks(num: int, world_size: int) -> np.ndarray:
+    ranks = zigzag_ranks(num, world_size).numpy()
+    ranks.setflags(write=False)  # shared by every call with this (G, W)
+    return ranks
 
-    ``columns`` ([G, F]) are per-sample quantities whose per-rank sums should
-    be equal, ``weights`` their importance. Swaps keep every rank's count.
-    Each step takes the rank contributing most, pairs it with the rank whose
-    deviations are most opposite (then the next, until a swap helps) and makes
-    the single best swap of the pair. Deterministic: float64 NumPy, ties to
-    the lowest indices.
-    """
-    x = columns.to(torch.float64).numpy()
-    mean = x.sum(axis=0) / world_size
-    keep = mean > 0
-    x, mean = x[:, keep], mean[keep]
-    u = np.asarray(weights, dtype=np.float64)[keep] / (mean * mean)
-    dest_np = dest.numpy().copy()
-    sums = np.zeros((world_size, x.shape[1]))
-    np.add.at(sums, dest_np, x)
-    for _ in range(max_swaps):
-        dev = sums - mean
-        a = int(np.argmax((u * dev * dev).sum(axis=1)))
-        partners = np.argsort(((u * dev[a]) * dev).sum(axis=1), kind="stable")
-        for b in (int(r) for r in partners if r != a):
-            ia, ib = np.flatnonzero(dest_np == a), np.flatnonzero(dest_np == b)
-            if not ia.size or not ib.size:
-                continue
-            # gain[i, j]: change of the objective when a's i and b's j swap.
-            gain = np.zeros((ia.size, ib.size))
-            for f in range(x.shape[1]):
-                delta = x[ib, f][None, :] - x[ia, f][:, None]  # a gains it, b loses it
-                gain += (2.0 * u[f]) * delta * (delta + (dev[a, f] - dev[b, f]))
-            k = int(np.argmin(gain))
-            if gain.flat[k] < -1e-12 * float((u * dev * dev).sum()):
-                i, j = ia[k // ib.size], ib[k % ib.size]
-                dest_np[i], dest_np[j] = b, a
-                sums[a] += x[j] - x[i]
-                sums[b] += x[i] - x[j]
-                break
-        else:
-            break  # no pair of the worst rank improves
-    return torch.from_numpy(dest_np)
+
+def zigzag_dest(keys: np.ndarray, world_size: int, order: np.ndarray | None = None) -> np.ndarray:
+    """The FBS zig-zag destinations for sort ``keys`` (largest first, ties by index)."""
+    order = fast_descending_order(keys) if order is None else order
+    dest = np.empty(keys.size, dtype=np.int64)
+    dest[order] = _zigzag_ranks(keys.size, world_size)
+    return dest
+
+
+def makespan(dest: np.ndarray, costs: np.ndarray, world_size: int) -> float:
+    """Predicted cost of the slowest rank."""
+    loads = np.bincount(dest, weights=costs, minlength=world_size)
+    return float(loads.max()) if loads.size else 0.0
+
+
+def _plan(dest: np.ndarray, world_size: int, equal: bool) -> Plan:
+    counts = np.bincount(dest, minlength=world_size).tolist()
+    return Plan(torch.from_numpy(group_by_dest(dest, world_size)), tuple(counts), equal)
+
+
+def refine_budget(world_size: int) -> int:
+    """Pair searches the refinement may make: W / 8 within [8, 64]. One search is
+    O(B log B) for B samples per rank, ~50 µs at B = 128, so this keeps the
+    refinement near 3 ms at W = 512 and 0.4 ms at W = 8 (benchmarks/partition.py)."""
+    return min(64, max(8, world_size // 8))
 
 
 @dataclass(frozen=True)
 class CostPartitioner:
-    """Equal-count partitioner minimizing the predicted slowest rank (module doc).
+    """Partitioner minimizing the predicted slowest rank (module doc).
 
-    ``karmarkar_karp``: also try balanced KK when W = 2; ``feature_weight``:
-    weight of each cost feature relative to the predicted cost in the swap
-    refinement (0 turns it off); ``swaps_per_rank``: its step budget.
+    ``counts``: "equal" | "variable"; ``max_count``: variable counts' per-rank
+    cap (0: twice the equal count); ``karmarkar_karp``: also try balanced KK
+    when W = 2; ``refine``: run the swap refinement.
     """
 
+    counts: str = "equal"
+    max_count: int = 0
     karmarkar_karp: bool = True
-    feature_weight: float = 1.0
-    swaps_per_rank: int = 32
+    refine: bool = True
+
+    def __post_init__(self) -> None:
+        if self.counts not in COUNTS:
+            raise ValueError(f"counts must be one of {COUNTS}, got {self.counts!r}")
+        if self.max_count < 0:
+            raise ValueError(f"max_count must be >= 0, got {self.max_count}")
+
+    def cap(self, total: int, world_size: int) -> int:
+        """Largest per-rank count allowed with variable counts."""
+        even = -(-total // world_size)
+        return max(even, self.max_count or 2 * even)
+
+    def candidates(self, world: WorldLengths, costs: np.ndarray) -> list[tuple[str, np.ndarray]]:
+        """Every candidate's per-sample destinations, in tie-breaking order: the
+        equal-count ones (refined first), then with variable counts their own
+        (refined first) ahead of them, so every equal-count plan stays a candidate."""
+        w, g = world.world_size, world.total
+        room = np.asarray(equal_counts(g, w), dtype=np.int64)
+        order = fast_descending_order(costs)  # shared by LPT and the zig-zag
+        out = [("lpt", lpt_dest(costs, room, project=True, order=order))]
+        if self.karmarkar_karp and w == 2:
+            out.append(("kk", karmarkar_karp_plan(torch.from_numpy(costs)).dest().numpy()))
+        out.append(("zigzag-cost", zigzag_dest(costs, w, order)))
+        out.append(("fbs", zigzag_dest(world.uih_lengths.numpy(), w)))
+        if self.refine and w > 1 and g:
+            out.insert(0, ("refined", refine_makespan(self._best(out, costs, w), costs, w,
+                                                      refine_budget(w))))  # fmt: skip
+        if self.counts == "variable":
+            cap = np.full(w, self.cap(g, w), dtype=np.int64)
+            mine = [("lpt-variable", lpt_dest(costs, cap, project=False, order=order))]
+            if self.refine and w > 1 and g:
+                start = self._best(mine + out, costs, w)
+                lo = 1 if g >= w else 0
+                dest = refine_makespan(start, costs, w, refine_budget(w), lo, self.cap(g, w))
+                mine.insert(0, ("refined-variable", dest))
+            out = mine + out
+        return out
+
+    @staticmethod
+    def _best(found: list[tuple[str, np.ndarray]], costs: np.ndarray, w: int) -> np.ndarray:
+        return min(found, key=lambda c: makespan(c[1], costs, w))[1]
 
     def __call__(self, world: WorldLengths, runtime: RuntimeInfo) -> Plan:
         w = world.world_size
-        costs = predicted_costs(world, runtime.cost_model)
-        candidates = [lpt_plan(costs, w)]
-        if self.karmarkar_karp and w == 2:
-            candidates.append(karmarkar_karp_plan(costs))
-        candidates.append(zigzag_plan(costs, w))
-        candidates.append(zigzag_plan(world.uih_lengths, w))
-        tops = [float(rank_loads(plan, costs).max()) for plan in candidates]
-        best = candidates[min(range(len(tops)), key=tops.__getitem__)]
-        if self.feature_weight <= 0 or w < 2:
-            return best
-        feats = sample_features(world)[:, 1:]  # the count column is equal already
-        columns = torch.cat([costs[:, None], feats], dim=1)
-        weights = (1.0,) + (self.feature_weight,) * feats.shape[1]
-        dest = refine_by_swaps(best.dest(), columns, weights, w, self.swaps_per_rank * w)
-        refined = Plan.from_dest(dest, w, equal=True)
-        fbs_top = min(tops[-2:])  # the zig-zag candidates
-        return refined if float(rank_loads(refined, costs).max()) <= fbs_top else best
+        costs = predicted_costs(world, runtime.cost_model).numpy()
+        if w == 1 or world.total == 0:
+            return _plan(np.zeros(world.total, dtype=np.int64), w, equal=True)
+        found = self.candidates(world, costs)
+        tops = [makespan(dest, costs, w) for _, dest in found]
+        dest = found[int(np.argmin(tops))][1]  # argmin: the first of equal tops
+        counts = np.bincount(dest, minlength=w)
+        return _plan(dest, w, equal=tuple(counts.tolist()) == equal_counts(world.total, w))

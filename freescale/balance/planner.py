@@ -1,7 +1,7 @@
 """Run the partitioner in a helper process, off the trainer's GIL.
 
-The partitioners are Python and numpy loops (the cost partitioner: ~70 ms
-per call for 2 x 128 samples on one core). On the balancer's helper thread
+The partitioners are Python and numpy loops (the cost partitioner: ~1 ms
+per call for 8 x 128 samples, ~9 ms for 512 x 128, on one core). On the balancer's helper thread
 they hold the GIL that the trainer's launch thread needs; in a process of
 their own they cost the trainer nothing. The process is started once (from a
 forkserver, so it inherits no CUDA or NCCL state) and reused; every call

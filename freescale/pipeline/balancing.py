@@ -17,7 +17,13 @@ from typing import Any
 
 import torch.distributed as dist
 
-from freescale.balance import BalanceHandle, BalancerConfig, LoadBalancer, WorldLengths
+from freescale.balance import (
+    BalanceHandle,
+    BalancerConfig,
+    CostPartitioner,
+    LoadBalancer,
+    WorldLengths,
+)
 from freescale.comm import TorchCommunicator
 from freescale.jagged.batch import SampleBatch
 from freescale.pipeline.loader import BatchInfo
@@ -25,10 +31,17 @@ from freescale.pipeline.loader import BatchInfo
 LOOKAHEAD = 2
 
 
+def balance_partitioner(cfg: Any) -> str | CostPartitioner:
+    """The partitioner a `TrainConfig` asks for (``balance`` + ``balance_counts``)."""
+    if cfg.balance == "cost" and cfg.balance_counts == "variable":
+        return CostPartitioner("variable", cfg.max_local_batch or 2 * cfg.batch_size)
+    return cfg.balance
+
+
 class BalanceStage:
     def __init__(
         self,
-        partitioner: str,
+        partitioner: str | CostPartitioner,
         comm: TorchCommunicator,
         batch_size: int,
         timer: Any,

@@ -27,6 +27,8 @@ class TrainConfig:
     mode: str = "sync"
     balance: str = "none"  # none | fbs | vbs | cost (sequence load balancing)
     plan_process: str = "auto"  # partition in a helper process: auto (on GPUs) | on | off
+    balance_counts: str = "equal"  # balance=cost: equal | variable local batch sizes
+    max_local_batch: int = 0  # balance_counts=variable: per-rank cap (0: 2 x batch_size)
     nproc: int = 2
     device: str = "cpu"
     comm_backend: str = "torch"  # torch | smfree[-shm|-gloo|-hier] (docs/comm.md)
@@ -89,6 +91,11 @@ class TrainConfig:
         _choice("attention", self.attention, ("auto", "reference", "varlen"))
         _choice("amp", self.amp, ("none", "bf16"))
         _choice("plan_process", self.plan_process, ("auto", "on", "off"))
+        _choice("balance_counts", self.balance_counts, ("equal", "variable"))
+        if self.balance_counts == "variable" and self.balance != "cost":
+            raise ValueError("balance_counts=variable needs balance=cost")
+        if self.max_local_batch and self.max_local_batch < self.batch_size:
+            raise ValueError(f"max_local_batch must be 0 or >= batch_size ({self.batch_size})")
         for name in (
             "nproc",
             "steps",

@@ -24,7 +24,7 @@ from freescale.embedding import swap
 from freescale.jagged.batch import SampleBatch
 from freescale.models.loss import bce_loss, bce_sum, bce_total, normalized_entropy
 from freescale.models.sequence import SequenceModel
-from freescale.pipeline.balancing import BalanceStage, Feed, host_lengths
+from freescale.pipeline.balancing import BalanceStage, Feed, balance_partitioner, host_lengths
 from freescale.pipeline.config import TrainConfig, trace_window
 from freescale.pipeline.faults import ComputeDelay, applies
 from freescale.pipeline.loader import BatchInfo, Prefetcher, default_workers
@@ -104,7 +104,11 @@ class Trainer:
                 cfg.plan_process == "auto" and self.device.type == "cuda"
             )
             self.balance = BalanceStage(
-                cfg.balance, self.overlap_comm, cfg.batch_size, self.timer.section, in_process
+                balance_partitioner(cfg),
+                self.overlap_comm,
+                cfg.batch_size,
+                self.timer.section,
+                in_process,
             )
         self.summary = RunSummary(cfg.warmup)
         # Metrics travel over gloo: gathering them never waits for the GPU.
