@@ -39,7 +39,9 @@ _FIELDS = (
     "candidates",
     "items",
     "samples",
+    "stop",  # 1: this rank was asked to stop (SIGTERM); all ranks see it in the same step
 )
+STOP = _FIELDS.index("stop")
 
 
 @dataclass
@@ -53,6 +55,7 @@ class RankStep:
     candidates: float
     items: float
     samples: float
+    stop: float = 0.0
 
     def vector(self, device: torch.device) -> torch.Tensor:
         values = [
@@ -65,6 +68,7 @@ class RankStep:
             self.candidates,
             self.items,
             self.samples,
+            self.stop,
         ]
         return torch.tensor(values, dtype=torch.float64, device=device)
 
@@ -151,11 +155,12 @@ class RunSummary:
 class JsonLines:
     """Append-only JSON-lines writer (rank 0 only); no-op without a path."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, append: bool = False) -> None:
         self.file = None
         if path:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-            self.file = open(path, "w")  # noqa: SIM115 - kept open for the run
+            # A resumed run appends to the metrics of the run it continues.
+            self.file = open(path, "a" if append else "w")  # noqa: SIM115 - kept open
 
     def write(self, record: dict[str, Any]) -> None:
         if self.file is not None:
