@@ -55,11 +55,13 @@ def run_train(args: argparse.Namespace) -> int:
     if args.print_config:
         print(json.dumps(cfg.as_dict()))
         return 0
+    from freescale.pipeline.checks import check_launch
     from freescale.pipeline.launch import launch, under_torchrun
     from freescale.pipeline.liveness import EXIT_STOPPED, was_stopped
     from freescale.pipeline.setup import check_data
 
     if not under_torchrun():
+        check_launch(cfg)  # files, devices, the resume checkpoint
         check_data(cfg, cfg.nproc)  # bad data/config: one line here, not N worker tracebacks
     summary = launch(cfg)
     if summary is not None:

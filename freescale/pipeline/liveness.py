@@ -34,6 +34,7 @@ import torch.distributed as dist
 
 EXIT_STOPPED = 143  # 128 + SIGTERM: the shell's code for "terminated", here after a clean stop
 HEARTBEAT_S = 1.0
+STALE_S = 4.0  # a heartbeat this old: the rank is frozen or dead (beats come every second)
 _PR_SET_PDEATHSIG = 1
 _stopped = False  # this process stopped early on SIGTERM (signals are per process)
 
@@ -87,7 +88,7 @@ class Liveness:
 
     def __init__(self, rank: int, world: int, timeout_s: float) -> None:
         self.rank, self.world, self.timeout_s = rank, world, timeout_s
-        self.step = -1
+        self.step = 0
         self.stop_requested = False
         self._stop = threading.Event()
         self._previous: Any = None
@@ -132,7 +133,7 @@ class Liveness:
         """A one-line cause for a timed-out collective, naming the stuck rank(s)."""
         if self._store is None or not _looks_like_timeout(error):
             return None
-        now, stale_after = time.time(), max(5.0, 3 * HEARTBEAT_S)
+        now, stale_after = time.time(), STALE_S
         beats = self.heartbeats()
         parts = []
         for r, beat in beats.items():
@@ -158,8 +159,11 @@ class Liveness:
         )
 
 
-def _looks_like_timeout(error: BaseException) -> bool:
-    text = str(error).lower()
-    return isinstance(error, RuntimeError | dist.DistBackendError) and (
-        "timed out" in text or "timeout" in text
-    )
+def _looks_like_timeout(error: BaseException | None) -> bool:
+    """A timed-out collective, possibly wrapped (e.g. raised in the loader thread)."""
+    while error is not None:
+        text = str(error).lower()
+        if isinstance(error, RuntimeError) and ("timed out" in text or "timeout" in text):
+            return True
+        error = error.__cause__
+    return False
