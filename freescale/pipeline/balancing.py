@@ -140,10 +140,18 @@ class Feed:
     """
 
     def __init__(
-        self, loader: Any, balance: BalanceStage | None, steps: int, timer: Any, first: int = 0
+        self,
+        loader: Any,
+        balance: BalanceStage | None,
+        steps: int,
+        timer: Any,
+        first: int = 0,
+        check: Any = None,
     ) -> None:
-        """Batches of steps ``first`` .. ``steps - 1`` (``first`` > 0: a resumed run)."""
+        """Batches of steps ``first`` .. ``steps - 1`` (``first`` > 0: a resumed run);
+        ``check(problem, step)`` agrees on input problems before a batch is used."""
         self.loader, self.balance, self.steps, self.timer = loader, balance, steps, timer
+        self.check, self.loaded = check, first
         if balance is not None:
             balance.balancer.start_at(first)  # plans see the same step numbers as unresumed
             for _ in range(min(LOOKAHEAD, steps - first)):
@@ -151,7 +159,11 @@ class Feed:
 
     def _load(self) -> tuple[SampleBatch, BatchInfo]:
         with self.timer("data"):
-            return self.loader.get()
+            batch, info = self.loader.get()
+        if self.check is not None:
+            self.check(info.problem, self.loaded)
+        self.loaded += 1
+        return batch, info
 
     def take(self) -> tuple[SampleBatch, BatchInfo, BalanceHandle | None]:
         """The next batch to train on."""

@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -28,6 +29,7 @@ from freescale.pipeline.balancing import BalanceStage, Feed, host_lengths
 from freescale.pipeline.checkpoint import Checkpointer, check_resumable
 from freescale.pipeline.config import TrainConfig, trace_window
 from freescale.pipeline.faults import ComputeDelay, applies
+from freescale.pipeline.inputs import InputAgreement, Limits, find_problem
 from freescale.pipeline.liveness import Liveness, gloo_group, mark_stopped
 from freescale.pipeline.loader import BatchInfo, Prefetcher, default_workers
 from freescale.pipeline.metrics import (
@@ -122,6 +124,8 @@ class Trainer:
         self.writer = JsonLines(cfg.metrics_path if self.rank == 0 else "", append=bool(cfg.resume))
         self.liveness = Liveness(self.rank, self.world, cfg.timeout_s)
         self.stop_agreed = False  # every rank saw a stop request in the same metrics gather
+        limits = Limits(self.source.num_items, self.model.cfg.num_actions)
+        self.inputs = InputAgreement(self.metrics_group, self.rank, self.world, limits)
         self.checkpoints = Checkpointer(
             cfg.checkpoint_dir,
             cfg.checkpoint_every,
@@ -145,6 +149,8 @@ class Trainer:
             # after backward it is not: the sparse update reads sizes back.
             self.balance.stage3()
         loss = bce_loss(logits, batch.labels, global_count)
+        if min(info.samples, info.uih_tokens, info.candidates) == 0:
+            loss = self.dense.cover_all(loss)  # empty parts: every rank reduces every bucket
         self.dense.last_ready = None
         loss.backward()  # fused sparse update + overlapped dense all-reduce
         if self.dense.last_ready is not None:
@@ -224,6 +230,7 @@ class Trainer:
             host_lengths=host_lengths if self.balance is not None else None,
             workers=cfg.loader_workers if cfg.loader_workers >= 0 else default_workers(self.device),
             delay_ms=self.delay_loader_ms,
+            validate=partial(find_problem, limits=self.inputs.limits),
         )
         try:
             return self._loop(loader, first)
@@ -236,7 +243,7 @@ class Trainer:
         cfg = self.cfg
         profiler = self._profiler()
         start = time.perf_counter()
-        feed = Feed(loader, self.balance, cfg.steps, self.timer.section, first)
+        feed = Feed(loader, self.balance, cfg.steps, self.timer.section, first, self.inputs.check)
         nxt = feed.take()
         self.schedule.upcoming(*nxt[:2])
         self.timer.take()  # filling the pipeline is no step's time
