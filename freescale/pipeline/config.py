@@ -71,14 +71,12 @@ class TrainConfig:
     delay_ranks: str = ""  # ranks affected, e.g. "1" or "0,2"; empty = all
     # print every call site where the host waits for the GPU (after warm-up)
     sync_debug: bool = False
-    # reliability (freescale.pipeline.checkpoint / liveness / guard)
+    # reliability (freescale.pipeline.checkpoint / liveness / inputs)
     checkpoint_dir: str = ""  # where checkpoints go; empty = none
     checkpoint_every: int = 0  # steps between checkpoints (0: only on SIGTERM)
     checkpoint_keep: int = 2  # newest complete checkpoints kept
     resume: str = ""  # a checkpoint, or a checkpoint_dir (its newest); empty = start at 0
     timeout_s: float = 300.0  # collective timeout: a stuck rank fails the run after this
-    nonfinite: str = "raise"  # non-finite loss/gradients: raise | skip (the step changes nothing)
-    nonfinite_max_skips: int = 3  # skip: raise after this many consecutive skipped steps
 
     def __post_init__(self) -> None:
         _choice("mode", self.mode, MODES)
@@ -89,7 +87,6 @@ class TrainConfig:
         _choice("attention", self.attention, ("auto", "reference", "varlen"))
         _choice("amp", self.amp, ("none", "bf16"))
         _choice("plan_process", self.plan_process, ("auto", "on", "off"))
-        _choice("nonfinite", self.nonfinite, ("raise", "skip"))
         for name in (
             "nproc",
             "steps",
@@ -104,7 +101,6 @@ class TrainConfig:
             "max_uih",
             "length_cap",
             "checkpoint_keep",
-            "nonfinite_max_skips",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

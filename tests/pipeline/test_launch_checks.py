@@ -30,7 +30,6 @@ def _rc_and_last_line(capsys, *args: str) -> tuple[int, str, float]:
         (["--set", "metrics_path=/proc/nope/m.jsonl"], "metrics_path: cannot create"),
         (["--set", "data=sasrec:/no/such/file.txt"], "data file '/no/such/file.txt'"),
         (["--set", "timeout_s=0"], "timeout_s must be a finite number of seconds >= 1"),
-        (["--set", "nonfinite=ignore"], "nonfinite must be one of raise, skip"),
         (["--set", "checkpoint_every=5"], "checkpoint_every needs checkpoint_dir"),
         (["--resume"], "--resume without DIR needs checkpoint_dir"),
     ],
