@@ -161,7 +161,10 @@ class Feed:
         with self.timer("data"):
             batch, info = self.loader.get()
         if self.check is not None:
-            self.check(info.problem, self.loaded)
+            # A blocking metadata collective: waiting here for a peer (whose
+            # loader is late) is exposed communication, as in the count all-reduce.
+            with self.timer("meta"):
+                self.check(info.problem, self.loaded)
         self.loaded += 1
         return batch, info
 
