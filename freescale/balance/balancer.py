@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -299,6 +300,25 @@ class LoadBalancer:
             self.cost_model.observe(per_rank_batch_features, times)
         self.autotune.update(times)
         self.last_times_ms = times
+
+    def state_dict(self) -> dict[str, Any]:
+        """What later plans depend on (checkpoints): cost model, AutoTune, last times."""
+        return {
+            "cost_model": self.cost_model.state_dict(),
+            "autotune": self.autotune.state_dict(),
+            "last_times_ms": self.last_times_ms,
+            "capacity": self._capacity,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.cost_model.load_state_dict(state["cost_model"])
+        self.autotune.load_state_dict(state["autotune"])
+        self.last_times_ms = state["last_times_ms"]
+        self._capacity = max(self._capacity, int(state["capacity"]))
+
+    def start_at(self, step: int) -> None:
+        """The next `start_stage1` is global step ``step`` (a resumed run)."""
+        self._started = step
 
     def close(self) -> None:
         """Stop the planning process, if any."""

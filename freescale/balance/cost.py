@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -98,6 +99,19 @@ class CostModel:
         self._rows.append((feats.copy(), times.copy()))
         if self.fitted:
             self._refit()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything the fit depends on (checkpoints): rows, coefficients, intercept."""
+        return {
+            "rows": [(f.copy(), t.copy()) for f, t in self._rows],
+            "coef": self._coef.copy(),
+            "intercept": self._intercept,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._rows = deque(((f, t) for f, t in state["rows"]), maxlen=self.config.window)
+        self._coef = np.asarray(state["coef"], dtype=np.float64).copy()
+        self._intercept = float(state["intercept"])
 
     def predict(self, features: Tensor) -> Tensor:
         """Cost of each row of ``features`` (``[..., 5]``; per sample or summed), float64."""

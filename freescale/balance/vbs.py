@@ -127,6 +127,17 @@ class AutoTune:
     def shares(self) -> tuple[float, ...]:
         return tuple(float(s) for s in self._shares)
 
+    def state_dict(self) -> dict[str, list[float]]:
+        return {"shares": self._shares.tolist()}
+
+    def load_state_dict(self, state: dict[str, list[float]]) -> None:
+        shares = np.asarray(state["shares"], dtype=np.float64)
+        if shares.size != self.world_size:
+            raise ValueError(
+                f"AutoTune state has {shares.size} shares, world size {self.world_size}"
+            )
+        self._shares = shares
+
     def reset(self) -> None:
         self._shares = np.full(self.world_size, 1.0 / self.world_size)
 

@@ -29,6 +29,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:  # user errors: one clear line, no traceback
         print(f"freescale: error: {e}", file=sys.stderr)
         return 2
+    except RuntimeError as e:
+        if type(e).__name__ != "RunFailed":  # a rank failed: its one line (trace printed above)
+            raise
+        print(f"freescale: error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

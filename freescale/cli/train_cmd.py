@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 
 from freescale.pipeline.config import MODES, PRESETS, build_config
 
@@ -26,6 +27,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--mode", choices=list(MODES), help="shortcut for --set mode=...")
     p.add_argument("--nproc", type=int, help="shortcut for --set nproc=...")
+    p.add_argument(
+        "--resume",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="DIR",
+        help="continue from a checkpoint: DIR (a checkpoint or a checkpoint_dir, its newest);"
+        " without DIR, the newest in checkpoint_dir",
+    )
     p.add_argument("--print-config", action="store_true", help="print the config and exit")
     p.set_defaults(run=run_train)
 
@@ -37,15 +47,25 @@ def run_train(args: argparse.Namespace) -> int:
     if args.nproc is not None:
         overrides.append(f"nproc={args.nproc}")
     cfg = build_config(args.preset, overrides)  # ValueError -> one clear line
+    if args.resume is not None:
+        target = args.resume or cfg.checkpoint_dir
+        if not target:
+            raise ValueError("--resume without DIR needs checkpoint_dir to be set")
+        cfg = replace(cfg, resume=target)
     if args.print_config:
         print(json.dumps(cfg.as_dict()))
         return 0
+    from freescale.pipeline.checks import check_launch
     from freescale.pipeline.launch import launch, under_torchrun
+    from freescale.pipeline.liveness import EXIT_STOPPED, was_stopped
     from freescale.pipeline.setup import check_data
 
     if not under_torchrun():
+        check_launch(cfg)  # files, devices, the resume checkpoint
         check_data(cfg, cfg.nproc)  # bad data/config: one line here, not N worker tracebacks
     summary = launch(cfg)
     if summary is not None:
-        print(json.dumps({"command": "train", "preset": args.preset, **summary}))
-    return 0
+        print(json.dumps({"command": "train", "preset": args.preset, **summary}), flush=True)
+    # Stopped by SIGTERM after a clean step (and checkpoint): the conventional 143.
+    stopped = was_stopped() or (summary is not None and summary.get("stopped"))
+    return EXIT_STOPPED if stopped else 0

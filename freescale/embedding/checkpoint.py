@@ -9,6 +9,7 @@ another world size it fails with missing keys instead of scrambling rows.
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 import torch.distributed.checkpoint as dcp
@@ -21,7 +22,26 @@ def save(module: nn.Module, path: str | os.PathLike, process_group: Any = None) 
 
 
 def load(module: nn.Module, path: str | os.PathLike, process_group: Any = None) -> None:
-    """Restore ``module`` in place from ``path`` (all ranks call it)."""
+    """Restore ``module`` in place from ``path`` (all ranks call it).
+
+    Raises ValueError (on every rank: all read the same metadata) when the
+    checkpoint holds state the module has no place for, e.g. Adagrad's
+    ``sum_sq`` loaded into an SGD collection: dropping it silently would
+    change the training that follows.
+    """
     state = module.state_dict()
+    saved = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+    extra = sorted({_unranked(k) for k in saved} - {_unranked(k) for k in state})
+    if extra:
+        raise ValueError(
+            f"checkpoint {os.fspath(path)!r} holds state this module lacks: {', '.join(extra)}"
+            " (saved with another optimizer or other tables?)"
+        )
     dcp.load(state, checkpoint_id=path, process_group=process_group)
     module.load_state_dict(state)
+
+
+def _unranked(key: str) -> str:
+    """``stores.0.weight.rank1of2`` -> ``stores.0.weight`` (same on every rank)."""
+    head, dot, tail = key.rpartition(".")
+    return head if dot and re.fullmatch(r"rank\d+of\d+", tail) else key

@@ -56,7 +56,7 @@ class Block(nn.Module):
         )
 
     def _heads(self, x: Tensor) -> Tensor:
-        return x.view(x.shape[0], self.heads, -1)
+        return x.view(x.shape[0], self.heads, x.shape[-1] // self.heads)  # 0 rows work too
 
     def forward(
         self,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
@@ -46,15 +47,21 @@ class BalanceStage:
         batch_size: int,
         timer: Any,
         plan_in_process: bool = False,
+        adaptive: bool = True,
+        timeout_s: float = 300.0,
     ) -> None:
         # Stages I-II gather host-side lengths on a gloo group of their own, on
         # a helper thread: they never block the trainer's thread and never
         # interleave with the training collectives of the default group.
-        meta = TorchCommunicator(group=dist.new_group(backend="gloo"), device="cpu")
+        group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+        meta = TorchCommunicator(group=group, device="cpu")
         config = BalancerConfig(
             partitioner=partitioner, capacity=batch_size, plan_in_process=plan_in_process
         )
         self.balancer = LoadBalancer(comm, config, meta)
+        # Not adaptive (``deterministic = true``): measured times never reach
+        # the cost model or AutoTune, so plans depend on the data only.
+        self.adaptive = adaptive
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="balancer")
         self.rank = comm.rank
         self.timer = timer
@@ -101,10 +108,18 @@ class BalanceStage:
 
     def observe(self, compute_ms: list[float], handle: BalanceHandle) -> None:
         """Feed measured per-rank compute times back (AutoTune, cost model)."""
+        if not self.adaptive:
+            return
         # The helper thread plans with the models: never change them under it.
         assert self.gathering is None, "observe while a plan is being made"
         # Timer noise can push a tiny compute time below zero; the models need >= 0.
         self.balancer.observe([max(t, 0.0) for t in compute_ms], handle.rank_features())
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.balancer.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.balancer.load_state_dict(state)
 
     def _info(self, h: BalanceHandle) -> BatchInfo:
         """Host sizes of this rank's balanced batch, from the gathered lengths."""
@@ -137,15 +152,34 @@ class Feed:
     long the host waited; on CPU ranks it is the host's wall-clock wait.
     """
 
-    def __init__(self, loader: Any, balance: BalanceStage | None, steps: int, timer: Any) -> None:
+    def __init__(
+        self,
+        loader: Any,
+        balance: BalanceStage | None,
+        steps: int,
+        timer: Any,
+        first: int = 0,
+        check: Any = None,
+    ) -> None:
+        """Batches of steps ``first`` .. ``steps - 1`` (``first`` > 0: a resumed run);
+        ``check(problem, step)`` agrees on input problems before a batch is used."""
         self.loader, self.balance, self.steps, self.timer = loader, balance, steps, timer
+        self.check, self.loaded = check, first
         if balance is not None:
-            for _ in range(min(LOOKAHEAD, steps)):
+            balance.balancer.start_at(first)  # plans see the same step numbers as unresumed
+            for _ in range(min(LOOKAHEAD, steps - first)):
                 balance.balance_now(*self._load())
 
     def _load(self) -> tuple[SampleBatch, BatchInfo]:
         with self.timer("data"):
-            return self.loader.get()
+            batch, info = self.loader.get()
+        if self.check is not None:
+            # A blocking metadata collective: waiting here for a peer (whose
+            # loader is late) is exposed communication, as in the count all-reduce.
+            with self.timer("meta"):
+                self.check(info.problem, self.loaded)
+        self.loaded += 1
+        return batch, info
 
     def take(self) -> tuple[SampleBatch, BatchInfo, BalanceHandle | None]:
         """The next batch to train on."""

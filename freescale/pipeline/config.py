@@ -78,6 +78,12 @@ class TrainConfig:
     delay_ranks: str = ""  # ranks affected, e.g. "1" or "0,2"; empty = all
     # print every call site where the host waits for the GPU (after warm-up)
     sync_debug: bool = False
+    # reliability (freescale.pipeline.checkpoint / liveness / inputs)
+    checkpoint_dir: str = ""  # where checkpoints go; empty = none
+    checkpoint_every: int = 0  # steps between checkpoints (0: only on SIGTERM)
+    checkpoint_keep: int = 2  # newest complete checkpoints kept
+    resume: str = ""  # a checkpoint, or a checkpoint_dir (its newest); empty = start at 0
+    timeout_s: float = 300.0  # collective timeout: a stuck rank fails the run after this
 
     def __post_init__(self) -> None:
         _choice("mode", self.mode, MODES)
@@ -107,10 +113,13 @@ class TrainConfig:
             "layers",
             "max_candidates",
             "eval_batches",
+            "max_uih",
+            "length_cap",
+            "checkpoint_keep",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("warmup", "max_uih", "max_content", "length_cap", "eval_every"):
+        for name in ("warmup", "max_content", "eval_every", "checkpoint_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.warmup >= self.steps:
@@ -124,8 +133,18 @@ class TrainConfig:
             raise ValueError(f"dim ({self.dim}) must be divisible by heads ({self.heads})")
         if not 0.0 <= self.step_overlap <= 1.0:
             raise ValueError(f"step_overlap must lie in [0, 1], got {self.step_overlap}")
-        if self.dense_lr <= 0 or self.emb_lr <= 0:
-            raise ValueError("dense_lr and emb_lr must be > 0")
+        for name in ("dense_lr", "emb_lr", "length_median", "zipf_alpha"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a finite number > 0, got {value}")
+        if not (math.isfinite(self.length_sigma) and self.length_sigma >= 0):
+            raise ValueError(f"length_sigma must be a finite number >= 0, got {self.length_sigma}")
+        if not (math.isfinite(self.timeout_s) and self.timeout_s >= 1):
+            raise ValueError(
+                f"timeout_s must be a finite number of seconds >= 1, got {self.timeout_s}"
+            )
+        if self.checkpoint_every and not self.checkpoint_dir:
+            raise ValueError("checkpoint_every needs checkpoint_dir (where to write them)")
         if self.trace_steps:
             trace_window(self.trace_steps)
         if self.loader_workers < -1:

@@ -2,14 +2,33 @@
 
 Under ``torchrun`` (RANK/WORLD_SIZE in the environment) this process is one
 rank. Otherwise ``cfg.nproc`` processes are spawned on this host (gloo on the
-CPU, NCCL with one GPU each). A rank that raises ends the run with its
-traceback; a collective that hangs ends it at the process-group timeout.
+CPU, NCCL with one GPU each), around a rendezvous store that lives here, in
+the launcher, so that a frozen rank cannot take the store (and the
+heartbeats, `freescale.pipeline.liveness`) down with it.
+
+What the launcher guarantees:
+
+- every value that could fail later is checked here first
+  (`freescale.pipeline.checks`): a bad config is one line, before any rank;
+- a rank that raises ends the run at once: the others are killed and
+  `RunFailed` carries that rank's one-line error (its traceback went to
+  stderr when the error was not a plain input error);
+- ranks die with the launcher (``PR_SET_PDEATHSIG``), SIGKILL included;
+- SIGTERM is forwarded: the ranks finish their step, checkpoint if
+  configured and return their summary (``"stopped": "SIGTERM"``); the CLI
+  then exits 143.
 """
 
 from __future__ import annotations
 
+import multiprocessing.connection
 import os
-import socket
+import queue
+import signal
+import sys
+import threading
+import time
+import traceback
 from datetime import timedelta
 from typing import Any
 
@@ -17,10 +36,14 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from freescale.pipeline.checks import check_launch
 from freescale.pipeline.config import TrainConfig
+from freescale.pipeline.liveness import EXIT_STOPPED, die_with_parent, was_stopped
 from freescale.pipeline.train import run_rank
 
-PG_TIMEOUT = timedelta(minutes=10)
+
+class RunFailed(RuntimeError):
+    """A rank failed; the message names the rank and its error, on one line."""
 
 
 def _backend(cfg: TrainConfig) -> str:
@@ -34,43 +57,149 @@ def under_torchrun() -> bool:
 
 def launch(cfg: TrainConfig) -> dict[str, Any] | None:
     """Run training; return rank 0's summary (None on other torchrun ranks)."""
-    if cfg.device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device=cuda but no CUDA device is visible")
+    check_launch(cfg)
     if under_torchrun():
+        die_with_parent()  # the torchrun agent
         return _run_initialized(cfg, int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
     if _backend(cfg) == "nccl" and cfg.nproc > torch.cuda.device_count():
         raise ValueError(f"nproc={cfg.nproc} but only {torch.cuda.device_count()} GPUs")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    results = ctx.SimpleQueue()
-    mp.start_processes(
-        _spawned, args=(cfg, port, results), nprocs=cfg.nproc, join=True, start_method="spawn"
+    store = dist.TCPStore(
+        "127.0.0.1",
+        0,
+        cfg.nproc + 1,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=timedelta(seconds=cfg.timeout_s),
     )
-    return results.get() if not results.empty() else None
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    procs = [
+        ctx.Process(
+            target=_spawned, args=(rank, cfg, store.port, results, os.getpid()), daemon=False
+        )
+        for rank in range(cfg.nproc)
+    ]
+    with _forward_sigterm(procs):
+        for p in procs:
+            p.start()
+        try:
+            return _join(procs, results, cfg)
+        finally:
+            _kill(procs)
+            del store
 
 
-def _spawned(rank: int, cfg: TrainConfig, port: int, results: Any) -> None:
+def _join(procs: list[Any], results: Any, cfg: TrainConfig) -> dict[str, Any] | None:
+    """Wait for the ranks; the first failure kills the rest and raises `RunFailed`."""
+    summary, errors = None, []
+    done_since: float | None = None
+    while any(p.exitcode is None for p in procs):
+        multiprocessing.connection.wait([p.sentinel for p in procs], timeout=0.5)
+        summary = _drain(results, errors, summary)
+        failed = [p for p in procs if p.exitcode not in (None, 0, EXIT_STOPPED)]
+        if failed or errors:
+            _kill(procs)
+            break
+        if done_since is None and any(p.exitcode is not None for p in procs):
+            done_since = time.monotonic()
+        if done_since is not None and time.monotonic() - done_since > cfg.timeout_s:
+            break  # one rank finished, another never did: don't wait forever
+    deadline = time.monotonic() + 1.0  # what a failing rank sent may still be in the pipe
+    while time.monotonic() < deadline and summary is None and not errors:
+        summary = _drain(results, errors, summary, block=0.1)
+    if errors:
+        rank, message = errors[0]
+        raise RunFailed(f"rank {rank} failed: {message}")
+    bad = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (0, EXIT_STOPPED)]
+    if bad:
+        rank, code = bad[0]
+        how = "did not finish" if code is None else f"exited with code {code}"
+        raise RunFailed(f"rank {rank} {how} (killed, or crashed without a Python error)")
+    return summary
+
+
+def _drain(results: Any, errors: list, summary: Any, block: float = 0.0) -> Any:
+    while True:
+        try:
+            kind, rank, payload = results.get(timeout=block) if block else results.get_nowait()
+        except queue.Empty:
+            return summary
+        if kind == "summary":
+            summary = payload
+        else:
+            errors.append((rank, payload))
+
+
+class _forward_sigterm:
+    """While the ranks run, SIGTERM to the launcher is passed on to each rank."""
+
+    def __init__(self, procs: list[Any]) -> None:
+        self.procs, self.previous = procs, None
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        for p in self.procs:
+            if p.pid is not None and p.exitcode is None:
+                os.kill(p.pid, signal.SIGTERM)
+
+    def __enter__(self) -> _forward_sigterm:
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGTERM, self._handler)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGTERM, self.previous)
+
+
+def _kill(procs: list[Any]) -> None:
+    for p in procs:
+        if p.exitcode is None and p.pid is not None:
+            p.kill()
+    for p in procs:
+        if p.pid is not None:
+            p.join(timeout=5)
+
+
+def _spawned(rank: int, cfg: TrainConfig, port: int, results: Any, launcher: int) -> None:
+    die_with_parent(launcher)
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
         RANK=str(rank),
         WORLD_SIZE=str(cfg.nproc),
         LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(cfg.nproc),
     )
     if _backend(cfg) == "gloo":
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // cfg.nproc))
-    summary = _run_initialized(cfg, rank, cfg.nproc)
+    store = dist.TCPStore(
+        "127.0.0.1", port, is_master=False, timeout=timedelta(seconds=cfg.timeout_s)
+    )
+    try:
+        summary = _run_initialized(cfg, rank, cfg.nproc, store)
+    except BaseException as e:
+        if not isinstance(e, ValueError):  # input errors are one line; the rest keep a trace
+            traceback.print_exc()
+        results.put(("error", rank, f"{type(e).__name__}: {e}".splitlines()[0]))
+        results.close()
+        results.join_thread()
+        sys.exit(1)
     if rank == 0:
-        results.put(summary)
+        results.put(("summary", rank, summary))
+        results.close()
+        results.join_thread()
+    if was_stopped():
+        sys.exit(EXIT_STOPPED)
 
 
-def _run_initialized(cfg: TrainConfig, rank: int, world: int) -> dict[str, Any] | None:
+def _run_initialized(
+    cfg: TrainConfig, rank: int, world: int, store: Any = None
+) -> dict[str, Any] | None:
     backend = _backend(cfg)
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
-    dist.init_process_group(backend, rank=rank, world_size=world, timeout=PG_TIMEOUT)
+    timeout = timedelta(seconds=cfg.timeout_s)
+    dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout, store=store)
     try:
         return run_rank(cfg)
     finally:

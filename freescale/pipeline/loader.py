@@ -43,9 +43,13 @@ class BatchInfo:
     samples: int
     global_candidates: int | None = None  # known without a collective after balancing
     lengths: Any = None  # the balancer's stage-I input (`WorldLengths`), when balancing
+    problem: list[int] | None = None  # first input problem (`freescale.pipeline.inputs`)
 
     @classmethod
-    def of(cls, batch: SampleBatch, with_lengths: Any = None) -> BatchInfo:
+    def of(cls, batch: SampleBatch, with_lengths: Any = None, validate: Any = None) -> BatchInfo:
+        problem = validate(batch) if validate is not None else None
+        if problem is not None:  # sizes of a malformed batch are meaningless; all ranks raise
+            return cls(0, 0, 0, 0, 0.0, batch.batch_size, problem=problem)
         uih, cand = batch.uih_lengths(), batch.num_candidates()
         return cls(
             max_uih=int(uih.max()) if uih.numel() else 0,
@@ -73,17 +77,18 @@ class StepBatches(Dataset):
         batch_size: int,
         steps: range,
         host_lengths: Any = None,
+        validate: Any = None,
     ) -> None:
         self.source, self.rank, self.world_size = source, rank, world_size
         self.batch_size, self.steps = batch_size, steps
-        self.host_lengths = host_lengths
+        self.host_lengths, self.validate = host_lengths, validate
 
     def __len__(self) -> int:
         return len(self.steps)
 
     def __getitem__(self, k: int) -> tuple[SampleBatch, BatchInfo]:
         batch = self.source.batch(self.steps[k], self.rank, self.world_size, self.batch_size)
-        return batch, BatchInfo.of(batch, self.host_lengths)
+        return batch, BatchInfo.of(batch, self.host_lengths, self.validate)
 
 
 def _worker_init(_: int) -> None:
@@ -113,6 +118,7 @@ class Prefetcher:
         host_lengths: Any = None,
         workers: int = 0,
         delay_ms: float = 0.0,
+        validate: Any = None,
     ) -> None:
         self.device = device
         cuda = device.type == "cuda"
@@ -120,7 +126,7 @@ class Prefetcher:
         # Injected delay (`freescale.pipeline.faults`): the copy thread hands
         # out at most one batch per ``delay_ms``, whatever the worker count.
         self.delay_s = delay_ms / 1000.0
-        data = StepBatches(source, rank, world_size, batch_size, steps, host_lengths)
+        data = StepBatches(source, rank, world_size, batch_size, steps, host_lengths, validate)
         loader = DataLoader(
             data,
             batch_size=None,  # items are whole batches already

@@ -44,7 +44,9 @@ _FIELDS = (
     "candidates",
     "items",
     "samples",
+    "stop",  # 1: this rank was asked to stop (SIGTERM); all ranks see it in the same step
 )
+STOP = _FIELDS.index("stop")
 
 
 @dataclass
@@ -61,6 +63,7 @@ class RankStep:
     collision_part_ms: float = 0.0
     # freescale mode: rows of C^i, rows step i+1 reads, and the same in ids (this rank's shards)
     collision: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
+    stop: float = 0.0
 
     def vector(self, device: torch.device) -> torch.Tensor:
         values = [
@@ -75,6 +78,7 @@ class RankStep:
             self.candidates,
             self.items,
             self.samples,
+            self.stop,
         ]
         return torch.tensor(values, dtype=torch.float64, device=device)
 
@@ -176,11 +180,12 @@ class RunSummary:
 class JsonLines:
     """Append-only JSON-lines writer (rank 0 only); no-op without a path."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, append: bool = False) -> None:
         self.file = None
         if path:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-            self.file = open(path, "w")  # noqa: SIM115 - kept open for the run
+            # A resumed run appends to the metrics of the run it continues.
+            self.file = open(path, "a" if append else "w")  # noqa: SIM115 - kept open
 
     def write(self, record: dict[str, Any]) -> None:
         if self.file is not None:

@@ -8,7 +8,7 @@ import random
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch import nn
+from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from freescale.data.distributions import LengthDistribution
@@ -118,6 +118,18 @@ class DenseSync:
         # dense parameters (and the model has no buffers to broadcast).
         self.ddp = DistributedDataParallel(model)
         self.ddp.register_comm_hook(self, DenseSync._hook)
+
+    def cover_all(self, loss: Tensor) -> Tensor:
+        """``loss`` + 0 x one element of every dense parameter.
+
+        With an empty local batch (or no UIH tokens, or no candidates) some
+        parameters get no gradient at all on this rank; DDP would then never
+        reduce their bucket here while the other ranks do, and the ranks'
+        collectives would pair up wrongly (a hang). The zero term gives every
+        parameter a (zero) gradient and changes no value.
+        """
+        params = [p for p in self.ddp.module.parameters() if p.requires_grad]
+        return loss + sum(p.reshape(-1)[:1].sum() for p in params) * 0.0
 
     @staticmethod
     def _hook(state, bucket):

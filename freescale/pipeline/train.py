@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -25,10 +26,20 @@ from freescale.jagged.batch import SampleBatch
 from freescale.models.loss import bce_loss, bce_sum, bce_total, normalized_entropy
 from freescale.models.sequence import SequenceModel
 from freescale.pipeline.balancing import BalanceStage, Feed, balance_partitioner, host_lengths
+from freescale.pipeline.checkpoint import Checkpointer, check_resumable
 from freescale.pipeline.config import TrainConfig, trace_window
 from freescale.pipeline.faults import ComputeDelay, applies
+from freescale.pipeline.inputs import InputAgreement, Limits, find_problem
+from freescale.pipeline.liveness import Liveness, gloo_group, mark_stopped
 from freescale.pipeline.loader import BatchInfo, Prefetcher, default_workers
-from freescale.pipeline.metrics import JsonLines, RankStep, RunSummary, gather_step, summarize_step
+from freescale.pipeline.metrics import (
+    STOP,
+    JsonLines,
+    RankStep,
+    RunSummary,
+    gather_step,
+    summarize_step,
+)
 from freescale.pipeline.schedule import SCHEDULES
 from freescale.pipeline.setup import (
     DenseSync,
@@ -109,11 +120,24 @@ class Trainer:
                 cfg.batch_size,
                 self.timer.section,
                 in_process,
+                adaptive=not cfg.deterministic,
+                timeout_s=cfg.timeout_s,
             )
         self.summary = RunSummary(cfg.warmup)
         # Metrics travel over gloo: gathering them never waits for the GPU.
-        self.metrics_group = dist.new_group(backend="gloo") if self.world > 1 else None
-        self.writer = JsonLines(cfg.metrics_path if self.rank == 0 else "")
+        self.metrics_group = gloo_group(cfg.timeout_s) if self.world > 1 else None
+        self.writer = JsonLines(cfg.metrics_path if self.rank == 0 else "", append=bool(cfg.resume))
+        self.liveness = Liveness(self.rank, self.world, cfg.timeout_s)
+        self.stop_agreed = False  # every rank saw a stop request in the same metrics gather
+        limits = Limits(self.source.num_items, self.model.cfg.num_actions)
+        self.inputs = InputAgreement(self.metrics_group, self.rank, self.world, limits)
+        self.checkpoints = Checkpointer(
+            cfg.checkpoint_dir,
+            cfg.checkpoint_every,
+            cfg.checkpoint_keep,
+            cfg.as_dict(),
+            self.metrics_group,
+        )
         delayed = applies(cfg.delay_ranks, self.rank)
         self.delay_compute = ComputeDelay(cfg.delay_compute_ms if delayed else 0.0, self.device)
         self.delay_loader_ms = cfg.delay_loader_ms if delayed else 0.0
@@ -130,6 +154,8 @@ class Trainer:
             # after backward it is not: the sparse update reads sizes back.
             self.balance.stage3()
         loss = bce_loss(logits, batch.labels, global_count)
+        if min(info.samples, info.uih_tokens, info.candidates) == 0:
+            loss = self.dense.cover_all(loss)  # empty parts: every rank reduces every bucket
         self.dense.last_ready = None
         loss.backward()  # fused sparse update + overlapped dense all-reduce
         if self.dense.last_ready is not None:
@@ -170,7 +196,34 @@ class Trainer:
         return {"ne": normalized_entropy(s, p, n), "candidates": n}
 
     # ---- loop --------------------------------------------------------------
+    def _state(self) -> dict[str, Any]:
+        """Replicated state a checkpoint holds besides the tables."""
+        state: dict[str, Any] = {"model": self.model, "optimizer": self.optimizer}
+        if self.balance is not None:
+            state["balancer"] = self.balance
+        return state
+
+    def restore(self) -> int:
+        """Load ``cfg.resume`` (if set); the first step to run."""
+        if not self.cfg.resume:
+            return 0
+        # The launcher checked it already; API users get the same one-line errors.
+        path = check_resumable(self.cfg.resume, self.cfg.as_dict(), self.world)
+        return self.checkpoints.load(path, self.embeddings, self._state())
+
+    def save_checkpoint(self, next_step: int) -> None:
+        """Checkpoint a run that continues at ``next_step`` (the tables made exact first)."""
+        self.schedule.flush()
+        self.checkpoints.save(next_step, self.embeddings, self._state())
+
     def run(self) -> dict[str, Any] | None:
+        try:
+            first = self.restore()
+            return self._run_from(first)
+        finally:
+            self.liveness.close()
+
+    def _run_from(self, first: int) -> dict[str, Any] | None:
         cfg = self.cfg
         loader = Prefetcher(
             self.source,
@@ -178,29 +231,32 @@ class Trainer:
             self.world,
             cfg.batch_size,
             self.device,
-            range(cfg.steps),
+            range(first, cfg.steps),
             host_lengths=host_lengths if self.balance is not None else None,
             workers=cfg.loader_workers if cfg.loader_workers >= 0 else default_workers(self.device),
             delay_ms=self.delay_loader_ms,
+            validate=partial(find_problem, limits=self.inputs.limits),
         )
         try:
-            return self._loop(loader)
+            return self._loop(loader, first)
         finally:
             loader.close()
             if self.balance is not None:
                 self.balance.close()
 
-    def _loop(self, loader: Prefetcher) -> dict[str, Any] | None:
+    def _loop(self, loader: Prefetcher, first: int = 0) -> dict[str, Any] | None:
         cfg = self.cfg
         profiler = self._profiler()
         start = time.perf_counter()
-        feed = Feed(loader, self.balance, cfg.steps, self.timer.section)
+        feed = Feed(loader, self.balance, cfg.steps, self.timer.section, first, self.inputs.check)
         nxt = feed.take()
         self.schedule.upcoming(*nxt[:2])
         self.timer.take()  # filling the pipeline is no step's time
         pending: StepRecord | None = None
         host_syncs = contextlib.ExitStack()
-        for step in range(cfg.steps):
+        step = first - 1
+        for step in range(first, cfg.steps):
+            self.liveness.step = step
             if step == cfg.warmup:
                 host_syncs.enter_context(report_host_syncs(cfg.sync_debug, self.rank))
             step_start = self.timer.mark()
@@ -226,6 +282,13 @@ class Trainer:
             pending = record
             if profiler is not None:
                 profiler.step()
+            if self.stop_agreed or self.checkpoints.due(step):
+                self._finish_step(pending, start)  # metrics complete up to this step
+                pending = None
+                if self.checkpoints.directory is not None:
+                    self.save_checkpoint(step + 1)
+            if self.stop_agreed:
+                break
         self.schedule.flush()
         if pending is not None:
             self._finish_step(pending, start)
@@ -235,12 +298,15 @@ class Trainer:
         self.writer.close()
         if self.rank != 0:
             return None
-        extra = {
+        extra: dict[str, Any] = {
             "mode": cfg.mode,
             "world_size": self.world,
             "device": str(self.device),
             "wall_s": time.perf_counter() - start,
+            "first_step": first,
         }
+        if self.stop_agreed:
+            extra.update(stopped="SIGTERM", last_step=step)
         return self.summary.final(extra)
 
     def _finish_step(self, rec: StepRecord, start: float) -> None:
@@ -266,10 +332,15 @@ class Trainer:
             items=info.uih_tokens + info.candidates,
             samples=info.samples,
             collision_part_ms=collision_part,
+            stop=float(self.liveness.stop_requested),
         )
         if rec.collision is not None:
             local.collision = tuple(rec.collision())  # type: ignore[assignment]
-        record = summarize_step(rec.step, gather_step(local, self.metrics_group))
+        table = gather_step(local, self.metrics_group)
+        if table[:, STOP].max() > 0 and not self.stop_agreed:
+            self.stop_agreed = True  # every rank decides this in the same step
+            mark_stopped()
+        record = summarize_step(rec.step, table)
         self.summary.add(record)
         if rec.handle is not None:
             assert self.balance is not None
@@ -322,5 +393,15 @@ class Trainer:
 
 
 def run_rank(cfg: TrainConfig) -> dict[str, Any] | None:
-    """Train on this rank (process group initialized); rank 0 returns the summary."""
-    return Trainer(cfg).run()
+    """Train on this rank (process group initialized); rank 0 returns the summary.
+
+    A collective that timed out is re-raised naming the stuck rank(s).
+    """
+    trainer = Trainer(cfg)
+    try:
+        return trainer.run()
+    except RuntimeError as e:
+        explained = trainer.liveness.explain_timeout(e)
+        if explained is None:
+            raise
+        raise RuntimeError(explained) from e

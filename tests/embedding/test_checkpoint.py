@@ -45,3 +45,23 @@ def test_save_load_continue_is_bit_identical(tmp_path):
     # Loading at another world size fails loudly instead of scrambling rows.
     with pytest.raises(RankError, match=r"rank0of1"):
         run_ranks(_load_rank, 1, path, timeout=60)
+
+
+def _adagrad_into_sgd_rank(path: str) -> str:
+    comm = TorchCommunicator()
+    coll = make_collection(comm, "adagrad", {"block_size": 2})
+    run_steps(coll, comm, range(2))
+    save(coll, path)
+    sgd = make_collection(comm, "sgd", {"block_size": 2})
+    try:
+        load(sgd, path)
+    except ValueError as e:
+        return str(e)
+    return "loaded"
+
+
+def test_optimizer_state_without_a_place_is_an_error_on_every_rank(tmp_path):
+    """An Adagrad checkpoint loaded into SGD tables used to drop sum_sq silently."""
+    messages = run_ranks(_adagrad_into_sgd_rank, 2, str(tmp_path / "ckpt"), timeout=90)
+    assert messages[0] == messages[1]
+    assert "holds state this module lacks" in messages[0] and "sum_sq" in messages[0]

@@ -1,0 +1,46 @@
+"""Checks of a run's environment, in the launcher, before any rank starts.
+
+`TrainConfig.__post_init__` checks values on their own; this checks what
+they point at: files that must exist or be writable, the device an option
+needs, the checkpoint a resume starts from. Each failure is one ValueError
+sentence (the CLI prints one line and exits 2) instead of a traceback per
+rank once training has started.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from freescale.pipeline.checkpoint import check_resumable
+from freescale.pipeline.config import TrainConfig
+
+
+def check_launch(cfg: TrainConfig) -> None:
+    """Raise ValueError with one sentence for the first thing that would fail later."""
+    cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    if cfg.attention == "varlen" and not cuda:
+        raise ValueError("attention=varlen needs a CUDA device; use attention=auto on the CPU")
+    kind, _, path = cfg.data.partition(":")
+    if path and not Path(path).is_file():
+        raise ValueError(f"data file {path!r} ({kind}) does not exist or is not a file")
+    for key in ("metrics_path", "trace_path"):
+        value = getattr(cfg, key)
+        if value:
+            _writable_dir(key, Path(value.replace("{rank}", "0")).parent)
+    if cfg.checkpoint_dir:
+        _writable_dir("checkpoint_dir", Path(cfg.checkpoint_dir))
+    if cfg.resume:
+        world = int(os.environ.get("WORLD_SIZE", cfg.nproc))
+        check_resumable(cfg.resume, cfg.as_dict(), world)
+
+
+def _writable_dir(key: str, directory: Path) -> None:
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"{key}: cannot create {str(directory)!r} ({e.strerror})") from None
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise ValueError(f"{key}: {str(directory)!r} is not writable")

@@ -1,0 +1,177 @@
+"""Input checks of every batch, on the host, agreed by all ranks before use.
+
+A malformed batch on one rank used to fail that rank only (the others then
+waited in a collective until the timeout) or, worse, train silently (offsets
+that do not match their values still index *something*). Two parts:
+
+- `find_problem` (in the loader, on the host, before the copy to the
+  device): offsets well formed and matching their values (UIH, candidates,
+  content; candidate offsets against the labels), ids inside their tables
+  (items, actions, content), labels and dense features finite. The first
+  problem becomes four integers ``[code, local index, sample id, value]``.
+- `InputAgreement.check` (trainer thread, when the batch is taken): one
+  tiny all-gather of those four integers over a gloo group - the same
+  pattern as the embedding preflight - so that every rank raises the same
+  ValueError, naming the rank, the sample and the step, before the batch
+  reaches the balancer, the tables or the weights.
+
+Empty local batches (variable batch sizes make them legitimate) and samples
+without history are valid input, not problems.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from freescale.jagged.batch import CAND_IDS, CONTENT_IDS, UIH_ACTIONS, UIH_IDS, SampleBatch
+from freescale.jagged.tensor import JaggedFeatures
+
+OK, OFFSETS, ID_RANGE, NONFINITE = range(4)
+_WHAT = ("", "offsets", "id", "value")
+_WIDTH = 6  # code, part, local index, sample id, value, extra
+
+# What each part of a batch is called in messages, by index.
+PARTS = (
+    "uih offsets",
+    "candidate offsets",
+    "content offsets",
+    "uih item id",
+    "uih action id",
+    "candidate item id",
+    "content id",
+    "label",
+    "dense feature",
+)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Table sizes ids must stay below."""
+
+    num_items: int
+    num_actions: int
+
+
+def _segment(offsets: Tensor, position: int) -> int:
+    """Segment holding value ``position`` (offsets assumed well formed)."""
+    return int(torch.searchsorted(offsets, position, right=True)) - 1
+
+
+def _offsets(offsets: Tensor, total: int) -> tuple[int, int] | None:
+    """(segment, value) of the first problem of ``offsets`` against ``total`` values."""
+    if offsets.numel() == 0:
+        return 0, 0
+    if int(offsets[0]) != 0:
+        return 0, int(offsets[0])
+    lengths = offsets.diff()
+    if lengths.numel() and bool((lengths < 0).any()):
+        seg = int((lengths < 0).nonzero()[0])
+        return seg, int(lengths[seg])
+    if int(offsets[-1]) != total:
+        return max(0, offsets.numel() - 2), int(offsets[-1]) - total
+    return None
+
+
+def _total(features: JaggedFeatures) -> int:
+    """Number of values behind ``features``' offsets (its features' first dim)."""
+    for t in features.features.values():
+        return t.shape[0]
+    return int(features.offsets[-1]) if features.offsets.numel() else 0
+
+
+def _out_of_range(ids: Tensor, rows: int) -> int | None:
+    """Position of the first id outside ``[0, rows)``."""
+    if ids.numel() == 0:
+        return None
+    values = ids.numpy()  # host tensors; numpy's min/max: one fast pass, no thread pool
+    if values.min() >= 0 and values.max() < rows:
+        return None
+    return int(np.flatnonzero((values < 0) | (values >= rows))[0])
+
+
+def find_problem(batch: SampleBatch, limits: Limits) -> list[int] | None:
+    """The first problem of ``batch`` as ``[code, part, local index, sample id, value, 0]``."""
+    sample_ids = batch.sample_id
+    n_cand = batch.num_candidates_total
+
+    def at(code: int, part: int, sample: int, value: int) -> list[int]:
+        sample = min(max(sample, 0), max(0, batch.batch_size - 1))
+        sid = int(sample_ids[sample]) if batch.batch_size else -1
+        return [code, part, sample, sid, value, 0]
+
+    checks = [(0, batch.uih.offsets, _total(batch.uih)), (1, batch.candidates.offsets, n_cand)]
+    for part, offsets, total in checks:
+        bad = _offsets(offsets, total)
+        if bad is not None:
+            return at(OFFSETS, part, bad[0], bad[1])
+    bad = _offsets(batch.content.offsets, _total(batch.content))
+    if bad is not None:  # content segments are candidates: name the candidate's sample
+        return at(OFFSETS, 2, _segment(batch.candidates.offsets, bad[0]), bad[1])
+    ranges = [
+        (3, batch.uih, UIH_IDS, limits.num_items, batch.uih.offsets),
+        (4, batch.uih, UIH_ACTIONS, limits.num_actions, batch.uih.offsets),
+        (5, batch.candidates, CAND_IDS, limits.num_items, batch.candidates.offsets),
+    ]
+    for part, features, name, rows, offsets in ranges:
+        if name not in features.features:
+            continue
+        ids = features[name]
+        pos = _out_of_range(ids, rows)
+        if pos is not None:
+            return at(ID_RANGE, part, _segment(offsets, pos), int(ids[pos]))
+    if CONTENT_IDS in batch.content.features:
+        ids = batch.content[CONTENT_IDS]
+        pos = _out_of_range(ids, limits.num_items)
+        if pos is not None:
+            cand = _segment(batch.content.offsets, pos)
+            return at(ID_RANGE, 6, _segment(batch.candidates.offsets, cand), int(ids[pos]))
+    finite = torch.isfinite(batch.labels)
+    if not bool(finite.all()):
+        cand = int((~finite).nonzero()[0])
+        return at(NONFINITE, 7, _segment(batch.candidates.offsets, cand), 0)
+    if batch.dense is not None:
+        finite = torch.isfinite(batch.dense).all(dim=1)
+        if not bool(finite.all()):
+            return at(NONFINITE, 8, int((~finite).nonzero()[0]), 0)
+    return None
+
+
+def message(rank: int, step: int, row: Sequence[int], limits: Limits | None = None) -> str:
+    """The one sentence every rank raises for ``rank``'s problem ``row``."""
+    code, part, local, sid, value = row[:5]
+    where = f"bad input on rank {rank}, step {step}, sample {sid} (local index {local})"
+    name = PARTS[part]
+    if code == OFFSETS:
+        return f"{where}: malformed {name} (start, negative length or overrun {value})"
+    if code == ID_RANGE:
+        rows = ""
+        if limits is not None:
+            rows = f", outside [0, {limits.num_actions if part == 4 else limits.num_items})"
+        return f"{where}: {name} {value}{rows}"
+    return f"{where}: non-finite {name}"
+
+
+class InputAgreement:
+    """Every rank learns every rank's first input problem: one gloo all-gather per batch."""
+
+    def __init__(self, group: Any, rank: int, world: int, limits: Limits) -> None:
+        self.group, self.rank, self.world, self.limits = group, rank, world, limits
+
+    def check(self, problem: list[int] | None, step: int) -> None:
+        """Raise the same ValueError on every rank if any rank's batch of ``step`` is bad."""
+        row = torch.tensor(problem or [OK] * _WIDTH, dtype=torch.int64)
+        if self.world > 1:
+            rows = [torch.empty_like(row) for _ in range(self.world)]
+            dist.all_gather(rows, row, group=self.group)
+        else:
+            rows = [row]
+        for r, got in enumerate(rows):
+            if int(got[0]) != OK:
+                raise ValueError(message(r, step, got.tolist(), self.limits))

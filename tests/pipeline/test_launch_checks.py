@@ -1,0 +1,65 @@
+"""Every value that used to fail inside the ranks fails in the launcher: one
+line, rc 2, before any rank starts (in-process: nothing is spawned)."""
+
+import json
+import time
+
+import pytest
+
+from freescale.cli.main import main
+from freescale.pipeline.config import build_config
+
+
+def _rc_and_last_line(capsys, *args: str) -> tuple[int, str, float]:
+    start = time.perf_counter()
+    rc = main(["train", "--set", "steps=8", *args])
+    elapsed = time.perf_counter() - start
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err  # one line, no traceback
+    return rc, err[0], elapsed
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--set", "max_uih=0"], "max_uih must be >= 1"),
+        (["--set", "length_cap=0"], "length_cap must be >= 1"),
+        (["--set", "dense_lr=nan"], "dense_lr must be a finite number > 0, got nan"),
+        (["--set", "emb_lr=inf"], "emb_lr must be a finite number > 0, got inf"),
+        (["--set", "attention=varlen", "--set", "device=cpu"], "attention=varlen needs a CUDA"),
+        (["--set", "metrics_path=/proc/nope/m.jsonl"], "metrics_path: cannot create"),
+        (["--set", "data=sasrec:/no/such/file.txt"], "data file '/no/such/file.txt'"),
+        (["--set", "timeout_s=0"], "timeout_s must be a finite number of seconds >= 1"),
+        (["--set", "checkpoint_every=5"], "checkpoint_every needs checkpoint_dir"),
+        (["--resume"], "--resume without DIR needs checkpoint_dir"),
+    ],
+)
+def test_bad_values_fail_in_the_launcher_with_one_line(capsys, args, message):
+    rc, line, elapsed = _rc_and_last_line(capsys, *args)
+    assert rc == 2
+    assert line.startswith("freescale: error:") and message in line, line
+    assert elapsed < 5
+
+
+def _fake_checkpoint(path, **config) -> None:
+    """A complete checkpoint as far as the launcher reads it (its manifest)."""
+    path.mkdir(parents=True)
+    cfg = {**build_config("demo", []).as_dict(), **config}
+    (path / "manifest.json").write_text(json.dumps({"step": 5, "world_size": 2, "config": cfg}))
+
+
+def test_resume_checks_the_checkpoint_in_the_launcher(capsys, tmp_path):
+    rc, line, _ = _rc_and_last_line(capsys, "--resume", str(tmp_path / "none"))
+    assert rc == 2 and "no complete checkpoint" in line
+    # An Adagrad checkpoint into an SGD run: refused, not sum_sq silently dropped.
+    _fake_checkpoint(tmp_path / "ck" / "step-00000005", emb_optimizer="adagrad")
+    rc, line, _ = _rc_and_last_line(
+        capsys, "--set", "emb_optimizer=sgd", "--resume", str(tmp_path / "ck")
+    )
+    assert rc == 2 and "emb_optimizer='adagrad' (this run: 'sgd')" in line, line
+    rc, line, _ = _rc_and_last_line(capsys, "--resume", str(tmp_path / "ck"), "--nproc", "3")
+    assert rc == 2 and "nproc=2 (this run: 3)" in line, line
+    # a partial (crashed) save is never picked
+    (tmp_path / "ck2" / "step-00000009.partial").mkdir(parents=True)
+    rc, line, _ = _rc_and_last_line(capsys, "--resume", str(tmp_path / "ck2"))
+    assert rc == 2 and "no complete checkpoint" in line
