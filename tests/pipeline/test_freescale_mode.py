@@ -20,6 +20,8 @@ COMMON = ["steps=12", "warmup=2", "eval_every=5", "eval_batches=2"]
         (1, ["emb_optimizer=adam"]),
         (2, ["emb_optimizer=sgd", "balance=fbs"]),
         (2, ["emb_optimizer=adam", "step_overlap=0.2"]),
+        # cost plans follow the data only with deterministic=true (the demo default)
+        (2, ["emb_optimizer=adagrad", "balance=cost", "deterministic=true"]),
         (4, ["emb_optimizer=adagrad", "batch_size=8"]),
     ],
 )
