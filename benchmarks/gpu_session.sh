@@ -66,8 +66,8 @@ for part in "$@"; do
         pack "$out/metrics2gpu"
       fi ;;
     synccheck)
-      for args in "mode=sync balance=none" "mode=sdd balance=none" "mode=sync balance=cost" \
-                  "mode=sdd balance=fbs"; do
+      for args in "mode=sync balance=none" "mode=sdd balance=none" "mode=freescale balance=none" \
+                  "mode=sync balance=cost" "mode=freescale balance=cost"; do
         echo "-- $args"
         timeout 200 python3 -m freescale.cli.main train --preset h200-21k --set nproc=1 \
           --set steps=14 --set warmup=8 --set batch_size=64 --set sync_debug=true \

@@ -32,7 +32,7 @@ from torch import Tensor
 
 from freescale.comm import Communicator
 from freescale.embedding.lookup import GroupCall
-from freescale.jagged.ops import host_to_device
+from freescale.jagged.ops import host_to_device, wait_for_copy
 from freescale.kernels import collision_split
 
 
@@ -76,7 +76,7 @@ class Link:
             assert self._copy is not None
             host, event = self._copy
             if event is not None:
-                event.synchronize()
+                wait_for_copy(event, "collision split counts (backward)")
             now_r, next_r, now_s, next_s = host.tolist()
             sub = _minus
             self._host = HostCounts(

@@ -22,7 +22,7 @@ from torch import Tensor
 from freescale.comm import Communicator, Work, exchange_counts
 from freescale.embedding._ops import first_bad
 from freescale.embedding.config import TableConfig
-from freescale.jagged.ops import host_to_device
+from freescale.jagged.ops import host_to_device, wait_for_copy
 
 OK, OUT_OF_RANGE, LENGTH_MISMATCH, BAD_OFFSETS, NOT_INTEGER, BAD_SHAPE, UNKNOWN_FEATURE = range(7)
 _INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
@@ -187,7 +187,7 @@ def finish_preflight(p: PendingPreflight) -> tuple[list[list[int]], list[list[in
     width = 5 + p.send_counts.shape[1]
     if p.host_copy is not None:
         host, event = p.host_copy
-        event.synchronize()  # type: ignore[attr-defined]
+        wait_for_copy(event, "preflight counts")
         both = host.tolist()
     else:
         counts = p.work.wait()

@@ -7,8 +7,23 @@ A jagged layout is ``values`` (first dim = total length) plus ``offsets``
 
 from __future__ import annotations
 
+from collections import Counter
+from typing import Any
+
 import torch
 from torch import Tensor
+
+# Waits on copy events that found the copy not done yet, by call site
+# (`wait_for_copy`); `sync_debug` reports them.
+BLOCKING_WAITS: Counter[str] = Counter()
+
+
+def wait_for_copy(event: Any, site: str) -> None:
+    """Wait for a device-to-host copy's event; count it under ``site`` if it
+    was not done (then the host did wait for the GPU here)."""
+    if not event.query():
+        BLOCKING_WAITS[site] += 1
+        event.synchronize()
 
 
 def host_to_device(t: Tensor, device: torch.device) -> Tensor:

@@ -3,9 +3,13 @@
 After warm-up, `torch.cuda.set_sync_debug_mode("warn")` makes each
 synchronizing call (``.item()``, ``.tolist()``, a pageable copy, a stream
 synchronize) raise a warning; each distinct call site is printed once to
-stderr with the FreeScale frames that led to it. A step with no such line
-launches all its work without waiting (event waits of the metrics, read one
-step late, are not flagged: they are not on the critical path).
+stderr with the FreeScale frames that led to it. PyTorch does not flag waits
+on an event, which is how FreeScale reads what it must read on the host (the
+preflight counts, the collision split counts, the metrics one step late: a
+pinned copy started early, then its event): those are counted by
+`freescale.jagged.ops.wait_for_copy` whenever the copy was not done yet, i.e.
+the host really waited, and printed per call site at the end. Whether a wait
+left the GPU idle (nothing else queued) is for `freescale trace` to say.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from contextlib import contextmanager
 
 import torch
 
+from freescale.jagged.ops import BLOCKING_WAITS
+
 
 @contextmanager
 def report_host_syncs(enabled: bool, rank: int) -> Iterator[None]:
@@ -25,6 +31,7 @@ def report_host_syncs(enabled: bool, rank: int) -> Iterator[None]:
         yield
         return
     seen: set[tuple[str, ...]] = set()
+    before = BLOCKING_WAITS.copy()
     previous = warnings.showwarning
 
     def show(message, category, filename, lineno, file=None, line=None) -> None:
@@ -53,3 +60,6 @@ def report_host_syncs(enabled: bool, rank: int) -> Iterator[None]:
             warnings.showwarning = previous
     print(f"[rank {rank}] sync_debug: {len(seen)} distinct host-sync call site(s)",
           file=sys.stderr, flush=True)  # fmt: skip
+    waits = dict(BLOCKING_WAITS - before)
+    print(f"[rank {rank}] sync_debug: event waits that blocked (copy not done yet): "
+          f"{waits or 'none'}", file=sys.stderr, flush=True)  # fmt: skip

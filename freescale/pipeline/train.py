@@ -23,6 +23,7 @@ from torch import Tensor
 from freescale.comm import make_communicator
 from freescale.embedding import swap
 from freescale.jagged.batch import SampleBatch
+from freescale.jagged.ops import wait_for_copy
 from freescale.models.loss import bce_loss, bce_sum, bce_total, normalized_entropy
 from freescale.models.sequence import SequenceModel
 from freescale.pipeline.balancing import BalanceStage, Feed, balance_partitioner, host_lengths
@@ -68,7 +69,7 @@ def read_later(t: Tensor) -> Callable[[], list[float]]:
     host.copy_(t, non_blocking=True)
     done = torch.cuda.Event()
     done.record()
-    return lambda: (done.synchronize(), host.tolist())[1]
+    return lambda: (wait_for_copy(done, "metrics (one step late)"), host.tolist())[1]
 
 
 @dataclass
