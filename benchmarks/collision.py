@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from datetime import date
 from pathlib import Path
@@ -25,19 +24,8 @@ from freescale.embedding.collision_link import fill_marked, owner_marks, owner_m
 from freescale.pipeline.config import build_config
 from freescale.pipeline.setup import make_source
 
-
-def median_ms(fn, reps: int = 30) -> float:
-    for _ in range(3):
-        fn()
-    out = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b))
-    return statistics.median(out)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from interference import time_ms
 
 
 def step_ids(source, step: int, batch: int) -> torch.Tensor:
@@ -62,9 +50,11 @@ def main() -> int:
     rows = torch.randn(nxt.numel(), args.dim, device="cuda", dtype=torch.bfloat16)
     collided = torch.randn(int(marks_next.sum()), args.dim, device="cuda", dtype=torch.bfloat16)
     times = {
-        "owner_marks (sort + search)": median_ms(lambda: owner_marks(now, nxt)),
-        "owner_marks_reference (torch.unique)": median_ms(lambda: owner_marks_reference(now, nxt)),
-        "fill_marked (merge)": median_ms(lambda: fill_marked(marks_next, collided, rows)),
+        "owner_marks (sort + search)": time_ms(lambda: owner_marks(now, nxt), 30),
+        "owner_marks_reference (torch.unique)": time_ms(
+            lambda: owner_marks_reference(now, nxt), 30
+        ),
+        "fill_marked (merge)": time_ms(lambda: fill_marked(marks_next, collided, rows), 30),
     }
     rows_pct = 100.0 * float(stats[0]) / max(float(stats[1]), 1.0)
     ids_pct = 100.0 * float(stats[2]) / max(float(stats[3]), 1.0)

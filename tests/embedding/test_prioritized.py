@@ -175,7 +175,11 @@ def train(coll, comm, batches, prioritized: bool, first: int = 0, gap: int | Non
 
 
 def _parity_rank(world_size: int) -> bytes:
-    comm = TorchCommunicator()
+    return parity_runs(TorchCommunicator(), world_size)
+
+
+def parity_runs(comm, world_size: int) -> bytes:
+    """Every rate x optimizer trained synchronously and prioritized, packed."""
     results = {}
     for rate in RATES:
         batches = designed_batches(rate)

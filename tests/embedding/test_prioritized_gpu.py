@@ -12,15 +12,8 @@ import torch.distributed as dist
 
 from freescale.comm import TorchCommunicator
 from freescale.testing import run_ranks
-from tests.embedding._train import make_collection, pack, unpack
-from tests.embedding.test_prioritized import (
-    OPTIMIZERS,
-    PLANS,
-    RATES,
-    _assert_equal_runs,
-    designed_batches,
-    train,
-)
+from tests.embedding._train import unpack
+from tests.embedding.test_prioritized import OPTIMIZERS, RATES, _assert_equal_runs, parity_runs
 
 pytestmark = [
     pytest.mark.gpu,
@@ -31,17 +24,7 @@ pytestmark = [
 def _cuda_parity_rank(world_size: int) -> bytes:
     torch.cuda.set_device(dist.get_rank() % torch.cuda.device_count())
     comm = TorchCommunicator(group=dist.new_group(backend="nccl"), device="cuda")
-    results = {}
-    for rate in RATES:
-        batches = designed_batches(rate)
-        for opt in OPTIMIZERS:
-            runs = {}
-            for prioritized in (False, True):
-                coll = make_collection(comm, opt, PLANS[world_size])
-                coll.set_prioritized(prioritized)
-                runs[prioritized] = train(coll, comm, batches, prioritized)
-            results[(rate, opt)] = runs
-    return pack(results)
+    return parity_runs(comm, world_size)
 
 
 def test_prioritized_is_bit_identical_to_sync_on_cuda():
