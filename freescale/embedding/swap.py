@@ -61,8 +61,10 @@ class ShardedTorchRecCollection(nn.Module):
         from torchrec.sparse.jagged_tensor import JaggedTensor as TorchRecJagged
 
         per_feature = features.to_dict()
+        # KJTs commonly carry int32 lengths/offsets (to_kjt emits them); ours are
+        # int64. A dtype conversion, no host read: the output keeps the input's.
         ours = {
-            self.prefix + f: JaggedTensor(jt.values(), jt.offsets())
+            self.prefix + f: JaggedTensor(jt.values(), jt.offsets().to(torch.int64))
             for f, jt in per_feature.items()
         }
         out = self.collection(ours)

@@ -165,3 +165,46 @@ def test_swap_torchrec_embedding_collection():
     w1 = ec.embeddings["t1"].weight.detach()
     counts = torch.bincount(torch.tensor([1, 2, 3, 3]), minlength=10).float() * 2
     torch.testing.assert_close(per_rank[0]["t1"], w1 - counts[:, None], rtol=0, atol=1e-6)
+
+
+def _torchrec_int32_rank() -> bytes:
+    import torchrec
+
+    torch.manual_seed(0)
+    configs = [
+        torchrec.EmbeddingConfig(
+            name="t1", embedding_dim=4, num_embeddings=10, feature_names=["f1", "f2"]
+        ),
+        torchrec.EmbeddingConfig(
+            name="t2", embedding_dim=4, num_embeddings=7, feature_names=["f3"]
+        ),
+    ]
+    ec = torchrec.EmbeddingCollection(tables=configs, device=torch.device("cpu"))
+    values = torch.tensor([1, 2, 9, 3, 3, 5, 6, 0])
+    lengths = [1, 2, 0, 3, 1, 1]  # stride 2; f2's first sample has 0 ids
+    kjts = {
+        dt: torchrec.KeyedJaggedTensor(
+            keys=["f1", "f2", "f3"], values=values, lengths=torch.tensor(lengths, dtype=dt)
+        )
+        for dt in (torch.int64, torch.int32)
+    }
+    expected = ec(kjts[torch.int64])  # the unsharded module, before the swap
+    model = nn.Sequential(copy.deepcopy(ec))
+    swap(model, ShardingPlan(), TorchCommunicator())
+    out = {str(dt): model(kjt) for dt, kjt in kjts.items()}
+    out["unsharded"] = expected
+    return pack(
+        {k: {f: (jt.values(), jt.lengths()) for f, jt in o.items()} for k, o in out.items()}
+    )
+
+
+def test_swap_torchrec_accepts_int32_lengths_gloo():
+    pytest.importorskip("torchrec")
+    (r,) = [unpack(x) for x in run_ranks(_torchrec_int32_rank, 1, timeout=60)]
+    assert set(r["unsharded"]) == {"f1", "f2", "f3"}
+    for f, (values, lengths) in r["unsharded"].items():
+        assert values.shape[0] == lengths.sum()
+        for dt in (torch.int64, torch.int32):
+            got_values, got_lengths = r[str(dt)][f]
+            torch.testing.assert_close(got_values, values, rtol=0, atol=0)
+            assert torch.equal(got_lengths.to(torch.int64), lengths)
