@@ -69,29 +69,70 @@ def from_kjt(
     sample_id: Tensor,
     dense: Tensor | None = None,
 ) -> SampleBatch:
-    """Inverse of `to_kjt`."""
+    """Inverse of `to_kjt`.
+
+    The KJT is checked on the host (interop runs before the copy to the
+    device): a ``ValueError`` naming the key is raised when a key is repeated
+    or has no known prefix, when the stride is not ``len(sample_id)``, when a
+    length is negative, when the lengths do not sum to the values, when
+    features of one group (``uih/``; ``cand/`` with ``content_lengths``)
+    disagree on per-sample lengths, when ``content_lengths`` is missing, or
+    when ``content/`` features disagree with the sums of ``content_lengths``.
+    """
     by_key = _split_kjt(kjt, sample_id.shape[0])
     if CONTENT_LENGTHS not in by_key:
-        raise ValueError(f"KJT lacks the {CONTENT_LENGTHS!r} key written by to_kjt")
+        content = [k for k in by_key if k.startswith(CONTENT_PREFIX)]
+        needed = f", which splits the content keys {content} per candidate" if content else ""
+        raise ValueError(f"KJT lacks the {CONTENT_LENGTHS!r} key written by to_kjt{needed}")
     groups: dict[str, dict[str, Tensor]] = {UIH_PREFIX: {}, CAND_PREFIX: {}, CONTENT_PREFIX: {}}
-    offsets: dict[str, Tensor] = {}
+    # Per group: the first key in KJT order and its offsets, which the group's
+    # other keys must match. `content_lengths` has one entry per candidate, so
+    # it belongs to the candidate group.
+    offsets: dict[str, tuple[str, Tensor]] = {}
     for key, (values, key_offsets) in by_key.items():
         if key == CONTENT_LENGTHS:
-            continue
-        prefix = next((p for p in groups if key.startswith(p)), None)
+            prefix: str | None = CAND_PREFIX
+        else:
+            prefix = next((p for p in groups if key.startswith(p)), None)
         if prefix is None:
             raise ValueError(f"KJT key {key!r} has none of the prefixes {list(groups)}")
-        groups[prefix][key[len(prefix) :]] = values
-        offsets[prefix] = key_offsets
+        if prefix in offsets:
+            _check_same_lengths(key, key_offsets, *offsets[prefix])
+        else:
+            offsets[prefix] = (key, key_offsets)
+        if key != CONTENT_LENGTHS:
+            groups[prefix][key[len(prefix) :]] = values
     content_lengths, cand_offsets = by_key[CONTENT_LENGTHS]
+    if bool((content_lengths < 0).any()):
+        raise ValueError(f"KJT key {CONTENT_LENGTHS!r} holds a negative content length")
+    content_offsets = ops.lengths_to_offsets(content_lengths)
+    if CONTENT_PREFIX in offsets:
+        # Per sample, the content keys hold the content of all its candidates.
+        _check_same_lengths(
+            *offsets[CONTENT_PREFIX], CONTENT_LENGTHS, content_offsets[cand_offsets]
+        )
     empty = torch.zeros(sample_id.shape[0] + 1, dtype=torch.int64)
+    uih_offsets = offsets[UIH_PREFIX][1] if UIH_PREFIX in offsets else empty
     return SampleBatch(
-        uih=JaggedFeatures(offsets.get(UIH_PREFIX, empty), groups[UIH_PREFIX]),
+        uih=JaggedFeatures(uih_offsets, groups[UIH_PREFIX]),
         candidates=JaggedFeatures(cand_offsets, groups[CAND_PREFIX]),
         labels=labels,
-        content=JaggedFeatures(ops.lengths_to_offsets(content_lengths), groups[CONTENT_PREFIX]),
+        content=JaggedFeatures(content_offsets, groups[CONTENT_PREFIX]),
         sample_id=sample_id,
         dense=dense,
+    )
+
+
+def _check_same_lengths(key: str, key_offsets: Tensor, ref_key: str, ref_offsets: Tensor) -> None:
+    """Raise, naming ``key``, unless its per-sample lengths equal ``ref_key``'s."""
+    if torch.equal(key_offsets, ref_offsets):
+        return
+    lengths, ref = ops.offsets_to_lengths(key_offsets), ops.offsets_to_lengths(ref_offsets)
+    i = int(torch.nonzero(lengths != ref)[0, 0])
+    raise ValueError(
+        f"KJT key {key!r} disagrees with {ref_key!r} on per-sample lengths: sample {i} has "
+        f"{int(lengths[i])} in {key!r} but {int(ref[i])} in {ref_key!r}; the features of one "
+        "group share one offsets"
     )
 
 
@@ -99,11 +140,38 @@ def _split_kjt(kjt: KeyedJaggedTensor, batch_size: int) -> dict[str, tuple[Tenso
     """Per key: (values, int64 offsets). Done by hand because TorchRec's
     ``to_dict`` cannot infer the stride of an empty batch."""
     keys = kjt.keys()
+    if not keys:
+        return {}
+    seen: set[str] = set()
+    for key in keys:
+        if key in seen:
+            raise ValueError(f"KJT key {key!r} appears more than once")
+        seen.add(key)
+    if kjt.variable_stride_per_key():
+        raise ValueError(f"KJT keys {keys} have variable strides; to_kjt writes one stride")
     lengths = kjt.lengths().to(torch.int64)
-    if lengths.numel() != len(keys) * batch_size:
-        raise ValueError(f"KJT has {lengths.numel()} lengths, expected {len(keys)} x {batch_size}")
+    if kjt.stride() != batch_size or lengths.numel() != len(keys) * batch_size:
+        raise ValueError(
+            f"KJT stride {kjt.stride()} ({lengths.numel()} lengths for {len(keys)} keys) does "
+            f"not match the batch size {batch_size} (len(sample_id)) for keys {keys}"
+        )
     per_key_lengths = lengths.view(len(keys), batch_size)
+    negative = torch.nonzero((per_key_lengths < 0).any(dim=1))
+    if negative.numel():
+        raise ValueError(f"KJT key {keys[int(negative[0, 0])]!r} has a negative length")
     sizes = per_key_lengths.sum(dim=1).tolist()
+    n_values, total = kjt.values().shape[0], sum(sizes)
+    if total != n_values:
+        ends = torch.tensor(sizes).cumsum(0)
+        k = int(torch.nonzero(ends > n_values)[0, 0]) if total > n_values else len(keys) - 1
+        where = (
+            "runs past the end of the values"
+            if total > n_values
+            else f"is the last key but {n_values - total} values remain after it"
+        )
+        raise ValueError(
+            f"KJT lengths sum to {total} but it has {n_values} values: key {keys[k]!r} {where}"
+        )
     values = torch.split(kjt.values(), sizes)
     return {
         key: (values[k], ops.lengths_to_offsets(per_key_lengths[k])) for k, key in enumerate(keys)
