@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from freescale.cli import data_cmd, report_cmd, trace_cmd, train_cmd
+from freescale.cli import data_cmd, report_cmd, simulate_cmd, trace_cmd, train_cmd
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -18,6 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
     data_cmd.register(sub)
     report_cmd.register(sub)
     trace_cmd.register(sub)
+    simulate_cmd.register(sub)
     return parser
 
 

@@ -1,0 +1,79 @@
+"""Compute model, fit and workload features of the simulator."""
+
+import numpy as np
+import pytest
+import torch
+
+from freescale.balance.world import FEATURES as BALANCE_FEATURES
+from freescale.balance.world import WorldLengths, sample_features
+from freescale.sim import FEATURES, ComputeModel, LengthSpec, fit_compute_model, rank_features
+from freescale.sim.workload import synthetic_features, synthetic_step
+
+
+def random_features(rng, n):
+    samples = rng.integers(16, 257, n).astype(float)
+    uih = samples * rng.uniform(1000, 8000, n)
+    uih_sq = uih * rng.uniform(1000, 17000, n)
+    cand = samples * rng.uniform(1, 8, n)
+    content = cand * rng.uniform(0, 4, n)
+    return np.stack([samples, uih, uih_sq, cand, content], axis=1)
+
+
+def test_fit_recovers_known_coefficients_within_one_percent():
+    rng = np.random.default_rng(0)
+    x = random_features(rng, 400)
+    true = ComputeModel(a=15.6, s=0.12, b=7.4e-5, c=2.1e-8, d=0.01, e=0.005)
+    fit = fit_compute_model(x, true.predict(x))
+    for name in ("a", "s", "b", "c", "d", "e"):
+        assert getattr(fit, name) == pytest.approx(getattr(true, name), rel=0.01), name
+
+
+def test_fit_is_non_negative_and_beats_zero():
+    rng = np.random.default_rng(1)
+    x = random_features(rng, 200)
+    y = 5.0 + 2e-8 * x[:, 2] - 1e-4 * x[:, 1] + rng.normal(0, 0.1, 200)  # negative truth
+    fit = fit_compute_model(x, y)
+    assert min(fit.a, fit.s, fit.b, fit.c, fit.d, fit.e) >= 0.0
+    assert np.mean((fit.predict(x) - y) ** 2) < np.mean((y - y.mean()) ** 2)
+    no_a = fit_compute_model(x, 3e-8 * x[:, 2], intercept=False)
+    assert no_a.a == 0.0 and no_a.c == pytest.approx(3e-8, rel=1e-6)
+
+
+def test_model_validates():
+    with pytest.raises(ValueError):
+        ComputeModel(a=-1.0, s=0, b=0, c=0, d=0, e=0)
+    with pytest.raises(ValueError):
+        fit_compute_model(np.zeros((3, 4)), np.zeros(3))
+
+
+def test_features_match_the_balancers():
+    assert FEATURES == BALANCE_FEATURES
+    lengths = synthetic_step(LengthSpec(median=50, max_uih=80), np.random.default_rng(0), 3, 5)
+    world = WorldLengths(
+        lengths.batch_sizes,
+        torch.from_numpy(lengths.uih),
+        torch.from_numpy(lengths.num_candidates),
+        torch.from_numpy(lengths.candidate_lengths),
+    )
+    per_sample = sample_features(world).numpy()
+    expect = per_sample.reshape(3, 5, 5).sum(axis=1)
+    np.testing.assert_allclose(rank_features(lengths), expect)
+    dest = np.arange(15) % 3
+    np.testing.assert_allclose(rank_features(lengths, dest).sum(0), per_sample.sum(0))
+    assert lengths.uih.max() <= 80
+
+
+def test_synthetic_features_with_assign():
+    spec = LengthSpec(median=100, max_uih=200)
+    calls = []
+
+    def to_rank0(lengths, step):
+        calls.append(step)
+        return np.zeros(lengths.uih.size, dtype=np.int64)
+
+    f = synthetic_features(spec, 3, 2, 4, seed=0, assign=to_rank0)
+    assert calls == [0, 1, 2]
+    np.testing.assert_allclose(f[:, 1], 0.0)
+    np.testing.assert_allclose(f[:, 0, 0], 8.0)
+    plain = synthetic_features(spec, 3, 2, 4, seed=0)
+    np.testing.assert_allclose(plain.sum(axis=1), f.sum(axis=1))
