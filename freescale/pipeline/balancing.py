@@ -24,6 +24,7 @@ from freescale.balance import (
     CostPartitioner,
     LoadBalancer,
     WorldLengths,
+    sample_features,
 )
 from freescale.comm import TorchCommunicator
 from freescale.jagged.batch import SampleBatch
@@ -135,6 +136,7 @@ class BalanceStage:
             positives=float("nan"),  # labels moved with the samples: read at metrics time
             global_candidates=h.total_candidates,
             samples=int(mine.numel()),
+            features=tuple(sample_features(h.world)[mine].sum(dim=0).tolist()),
         )
 
 

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from freescale.balance.world import NUM_FEATURES, batch_features
 from freescale.jagged.batch import SampleBatch
 
 _DONE = object()
@@ -44,6 +45,9 @@ class BatchInfo:
     global_candidates: int | None = None  # known without a collective after balancing
     lengths: Any = None  # the balancer's stage-I input (`WorldLengths`), when balancing
     problem: list[int] | None = None  # first input problem (`freescale.pipeline.inputs`)
+    # summed cost features (samples, ΣL, ΣL², candidates, content), logged per rank so
+    # that compute models can be fitted and checked from the step JSON lines
+    features: tuple[float, ...] = (0.0,) * NUM_FEATURES
 
     @classmethod
     def of(cls, batch: SampleBatch, with_lengths: Any = None, validate: Any = None) -> BatchInfo:
@@ -59,6 +63,7 @@ class BatchInfo:
             positives=float(batch.labels.sum()),
             samples=batch.batch_size,
             lengths=None if with_lengths is None else with_lengths(batch),
+            features=tuple(batch_features(batch).tolist()),
         )
 
 

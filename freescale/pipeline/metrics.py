@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from freescale.balance.world import FEATURES
 from freescale.models.loss import normalized_entropy
 from freescale.pipeline.timing import CATEGORIES
 
@@ -45,6 +46,7 @@ _FIELDS = (
     "items",
     "samples",
     "stop",  # 1: this rank was asked to stop (SIGTERM); all ranks see it in the same step
+    *(f"feature_{name}" for name in FEATURES),
 )
 STOP = _FIELDS.index("stop")
 
@@ -64,6 +66,7 @@ class RankStep:
     # freescale mode: rows of C^i, rows step i+1 reads, and the same in ids (this rank's shards)
     collision: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
     stop: float = 0.0
+    features: tuple[float, ...] = (0.0,) * len(FEATURES)  # this rank's batch, summed
 
     def vector(self, device: torch.device) -> torch.Tensor:
         values = [
@@ -79,6 +82,7 @@ class RankStep:
             self.items,
             self.samples,
             self.stop,
+            *self.features,
         ]
         return torch.tensor(values, dtype=torch.float64, device=device)
 
@@ -115,6 +119,9 @@ def summarize_step(step: int, table: torch.Tensor) -> dict[str, Any]:
             _pct(a, b) for a, b in zip(col["collision_rows"], col["rows_next"], strict=True)
         ],
         "data_wait_ms": float(col["data_ms"].mean()),
+        # per rank: the summed cost features of its batch (FEATURES order), so a
+        # compute model can be fitted from and checked against the JSON lines
+        "rank_features": table[:, [_FIELDS.index(f"feature_{n}") for n in FEATURES]].tolist(),
         # per rank, in rank order
         "step_ms_ranks": _rounded(col["step_ms"]),
         "data_wait_ms_ranks": _rounded(col["data_ms"]),

@@ -334,6 +334,7 @@ class Trainer:
             samples=info.samples,
             collision_part_ms=collision_part,
             stop=float(self.liveness.stop_requested),
+            features=info.features,
         )
         if rec.collision is not None:
             local.collision = tuple(rec.collision())  # type: ignore[assignment]

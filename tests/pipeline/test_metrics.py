@@ -53,3 +53,29 @@ def test_slow_loader_on_one_rank_is_data_wait_not_straggling(tmp_path):
     # Counted as compute, the wait would give a straggler % near
     # 100 * wait1 / (2 * step) (about 25 here); as data wait it does not.
     assert summary["straggler_pct"] < 0.25 * (100 * wait1 / (2 * step)), summary
+
+
+def test_step_lines_carry_each_ranks_batch_features(tmp_path):
+    """`rank_features` are the summed cost features of each rank's batch: the
+    source's local batches without balancing; the same global sums with it."""
+    from freescale.balance.world import batch_features
+    from freescale.pipeline.setup import make_source
+
+    cfg = build_config("demo", COMMON)
+    source = make_source(cfg)
+    want = [
+        [batch_features(source.batch(s, r, 2, cfg.batch_size)).tolist() for r in range(2)]
+        for s in range(cfg.steps)
+    ]
+    for balance in ("none", "fbs"):
+        path = tmp_path / f"{balance}.jsonl"
+        launch(build_config("demo", [*COMMON, f"balance={balance}", f"metrics_path={path}"]))
+        for line in path.read_text().splitlines():
+            r = json.loads(line)
+            got = r["rank_features"]
+            if balance == "none":
+                assert got == want[r["step"]]
+            else:  # samples moved between ranks; the step's totals did not change
+                totals = [sum(c) for c in zip(*got, strict=True)]
+                assert totals == [sum(c) for c in zip(*want[r["step"]], strict=True)]
+            assert sum(f[1] + f[3] for f in got) == r["items"]
