@@ -16,6 +16,7 @@ import torch
 
 from freescale.pipeline.checkpoint import check_resumable
 from freescale.pipeline.config import TrainConfig
+from freescale.pipeline.faults import parse_ranks
 
 
 def check_launch(cfg: TrainConfig) -> None:
@@ -23,6 +24,12 @@ def check_launch(cfg: TrainConfig) -> None:
     cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
     if cfg.attention == "varlen" and not cuda:
         raise ValueError("attention=varlen needs a CUDA device; use attention=auto on the CPU")
+    if cfg.sync_debug and not cuda:
+        raise ValueError("sync_debug=true reports host waits for a GPU: it needs a CUDA device")
+    world = int(os.environ.get("WORLD_SIZE", cfg.nproc))
+    ranks = parse_ranks(cfg.delay_ranks)
+    if ranks is not None and max(ranks) >= world:
+        raise ValueError(f"delay_ranks={cfg.delay_ranks!r} names a rank outside 0..{world - 1}")
     kind, _, path = cfg.data.partition(":")
     if path and not Path(path).is_file():
         raise ValueError(f"data file {path!r} ({kind}) does not exist or is not a file")
@@ -33,7 +40,6 @@ def check_launch(cfg: TrainConfig) -> None:
     if cfg.checkpoint_dir:
         _writable_dir("checkpoint_dir", Path(cfg.checkpoint_dir))
     if cfg.resume:
-        world = int(os.environ.get("WORLD_SIZE", cfg.nproc))
         check_resumable(cfg.resume, cfg.as_dict(), world)
 
 

@@ -32,6 +32,13 @@ def _rc_and_last_line(capsys, *args: str) -> tuple[int, str, float]:
         (["--set", "timeout_s=0"], "timeout_s must be a finite number of seconds >= 1"),
         (["--set", "checkpoint_every=5"], "checkpoint_every needs checkpoint_dir"),
         (["--resume"], "--resume without DIR needs checkpoint_dir"),
+        (["--set", "delay_ranks=5"], "delay_ranks='5' names a rank outside 0..1"),
+        (["--set", "sync_debug=true", "--set", "device=cpu"], "sync_debug=true reports"),
+        (["--set", "delay_ranks=x"], "delay_ranks must be comma-separated ranks"),
+        (["--set", "comm_overlapped=nvlink"], "comm_overlapped must be one of"),
+        (["--set", "step_overlap=1.5"], "step_overlap must lie in [0, 1]"),
+        (["--set", "plan_process=maybe"], "plan_process must be one of auto, on, off"),
+        (["--set", "loader_workers=-3"], "loader_workers must be -1 (auto) or >= 0"),
     ],
 )
 def test_bad_values_fail_in_the_launcher_with_one_line(capsys, args, message):
