@@ -22,6 +22,9 @@ from freescale.comm.protocol import check_counts
 class TorchWork:
     """Wraps a ``torch.distributed`` work handle and the output it fills."""
 
+    # On CUDA, ``wait`` orders the stream after the collective; the host does not block.
+    stream_ordered = True
+
     def __init__(self, handle: Any, output: Tensor, inputs: tuple[Tensor, ...]) -> None:
         self._handle = handle
         self._output = output

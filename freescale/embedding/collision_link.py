@@ -1,8 +1,10 @@
 """The collision split of one group between two consecutive lookups (DESIGN §5).
 
 Given the slots one shard serves in step i (``now``) and step i+1 (``next``),
-the owner finds C^i = I^i ∩ I^(i+1) with `freescale.kernels.collision_split`
-and marks, per *received position* (shard-major, arrival order):
+the owner finds C^i = I^i ∩ I^(i+1) (each position's slot searched in the
+other step's sorted slots, `owner_marks`; its twin `owner_marks_reference`
+goes through `freescale.kernels.collision_split`) and marks, per *received
+position* (shard-major, arrival order):
 
 - ``now_recv``: step-i positions whose row is in C^i: their gradients are
   exchanged and applied in step i's backward; the others (X^i) are deferred;
@@ -32,8 +34,9 @@ from torch import Tensor
 
 from freescale.comm import Communicator
 from freescale.embedding.lookup import GroupCall
-from freescale.jagged.ops import host_to_device, wait_for_copy
+from freescale.jagged.ops import copy_to_host, host_to_device, wait_for_copy
 from freescale.kernels import collision_split
+from freescale.kernels.collision import positions_in
 
 
 @dataclass
@@ -75,8 +78,7 @@ class Link:
         if self._host is None:
             assert self._copy is not None
             host, event = self._copy
-            if event is not None:
-                wait_for_copy(event, "collision split counts (backward)")
+            wait_for_copy(event, "collision split counts (backward)")
             now_r, next_r, now_s, next_s = host.tolist()
             sub = _minus
             self._host = HostCounts(
@@ -85,17 +87,6 @@ class Link:
                 rows_co=(next_r, next_s),
             )
         return self._host
-
-
-def copy_to_host(t: Tensor) -> tuple[Tensor, Any]:
-    """A copy of ``t`` on the host, started now; (copy, event to wait for or None)."""
-    if t.device.type != "cuda":
-        return t, None
-    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-    host.copy_(t, non_blocking=True)
-    event = torch.cuda.Event()
-    event.record()
-    return host, event
 
 
 def _minus(a: list[int], b: list[int]) -> list[int]:
@@ -131,12 +122,12 @@ def owner_marks(slots_now: Tensor, slots_next: Tensor) -> tuple[Tensor, Tensor, 
     """
     sorted_now = torch.sort(slots_now).values
     sorted_next = torch.sort(slots_next).values
-    now_mark = _member(slots_now, sorted_next)
-    next_mark = _member(slots_next, sorted_now)
+    now_mark = _in_sorted(slots_now, sorted_next)
+    next_mark = _in_sorted(slots_next, sorted_now)
     first_next = _run_starts(sorted_next)
     stats = torch.stack(
         [
-            (first_next & _member(sorted_next, sorted_now)).sum(),
+            (first_next & _in_sorted(sorted_next, sorted_now)).sum(),
             first_next.sum(),
             next_mark.sum(),
             torch.full((), slots_next.numel(), dtype=torch.int64, device=slots_now.device),
@@ -145,12 +136,9 @@ def owner_marks(slots_now: Tensor, slots_next: Tensor) -> tuple[Tensor, Tensor, 
     return now_mark, next_mark, stats
 
 
-def _member(x: Tensor, sorted_hay: Tensor) -> Tensor:
-    """``x[k] in sorted_hay`` for every k (``sorted_hay`` ascending, repeats allowed)."""
-    if sorted_hay.numel() == 0:
-        return torch.zeros(x.shape, dtype=torch.bool, device=x.device)
-    pos = torch.searchsorted(sorted_hay, x).clamp_(max=sorted_hay.numel() - 1)
-    return sorted_hay[pos] == x
+def _in_sorted(x: Tensor, sorted_hay: Tensor) -> Tensor:
+    """``x[k] in sorted_hay`` for every k (ascending, repeats allowed)."""
+    return positions_in(x, sorted_hay) >= 0
 
 
 def _run_starts(sorted_x: Tensor) -> Tensor:

@@ -22,7 +22,7 @@ from torch import Tensor
 from freescale.comm import Communicator, Work, exchange_counts
 from freescale.embedding._ops import first_bad
 from freescale.embedding.config import TableConfig
-from freescale.jagged.ops import host_to_device, wait_for_copy
+from freescale.jagged.ops import copy_to_host, host_to_device, wait_for_copy
 
 OK, OUT_OF_RANGE, LENGTH_MISMATCH, BAD_OFFSETS, NOT_INTEGER, BAD_SHAPE, UNKNOWN_FEATURE = range(7)
 _INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
@@ -165,18 +165,19 @@ def start_preflight(
     payload = torch.cat([head.reshape(1, 5).expand(w, 5), send_counts.to(torch.int64)], dim=1)
     work = exchange_counts(comm, payload)
     host_copy = None
-    if device.type == "cuda":
+    if device.type == "cuda" and getattr(work, "stream_ordered", False):
         # Start the device-to-host copy now, ordered after the exchange only:
         # reading it later waits for this event, not for whatever the compute
-        # stream is given in between (sdd reads it after forward).
-        received = work.wait()
-        both = torch.cat([received.flatten(), send_counts.t().flatten().to(received.dtype)])
-        host = torch.empty(both.shape, dtype=both.dtype, pin_memory=True)
-        host.copy_(both, non_blocking=True)
-        event = torch.cuda.Event()
-        event.record()
-        host_copy = (host, event)
+        # stream is given in between (sdd reads it after forward). Only where
+        # ``wait`` orders the stream: a host-blocking wait here would stall
+        # the start of the step.
+        host_copy = copy_to_host(_with_own_counts(work.wait(), send_counts))
     return PendingPreflight(work, keys, requests, unknown, send_counts, comm.rank, host_copy)
+
+
+def _with_own_counts(received: Tensor, send_counts: Tensor) -> Tensor:
+    """What arrived and this rank's own counts, flat: read back in one copy."""
+    return torch.cat([received.flatten(), send_counts.t().flatten().to(received.dtype)])
 
 
 def finish_preflight(p: PendingPreflight) -> tuple[list[list[int]], list[list[int]]]:
@@ -190,9 +191,7 @@ def finish_preflight(p: PendingPreflight) -> tuple[list[list[int]], list[list[in
         wait_for_copy(event, "preflight counts")
         both = host.tolist()
     else:
-        counts = p.work.wait()
-        # One read for what arrived and for this rank's own counts.
-        both = torch.cat([counts.flatten(), p.send_counts.t().flatten().to(counts.dtype)]).tolist()
+        both = _with_own_counts(p.work.wait(), p.send_counts).tolist()
     n = width * p.send_counts.shape[0]
     received = [both[i : i + width] for i in range(0, n, width)]
     own = both[n:]

@@ -18,10 +18,26 @@ from torch import Tensor
 BLOCKING_WAITS: Counter[str] = Counter()
 
 
+def copy_to_host(t: Tensor) -> tuple[Tensor, Any]:
+    """A copy of ``t`` on the host, started now without waiting: (copy, its event).
+
+    On CUDA the copy goes to pinned memory behind the work queued so far on
+    the current stream; the event (None off CUDA) is what a later reader waits
+    for (`wait_for_copy`), not for whatever the stream is given in between.
+    """
+    if t.device.type != "cuda":
+        return t, None
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    event = torch.cuda.Event()
+    event.record()
+    return host, event
+
+
 def wait_for_copy(event: Any, site: str) -> None:
     """Wait for a device-to-host copy's event; count it under ``site`` if it
     was not done (then the host did wait for the GPU here)."""
-    if not event.query():
+    if event is not None and not event.query():
         BLOCKING_WAITS[site] += 1
         event.synchronize()
 

@@ -13,10 +13,7 @@ from __future__ import annotations
 
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from datetime import timedelta
 from typing import Any
-
-import torch.distributed as dist
 
 from freescale.balance import (
     BalanceHandle,
@@ -28,6 +25,7 @@ from freescale.balance import (
 )
 from freescale.comm import TorchCommunicator
 from freescale.jagged.batch import SampleBatch
+from freescale.pipeline.liveness import gloo_group
 from freescale.pipeline.loader import BatchInfo
 
 LOOKAHEAD = 2
@@ -54,8 +52,7 @@ class BalanceStage:
         # Stages I-II gather host-side lengths on a gloo group of their own, on
         # a helper thread: they never block the trainer's thread and never
         # interleave with the training collectives of the default group.
-        group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
-        meta = TorchCommunicator(group=group, device="cpu")
+        meta = TorchCommunicator(group=gloo_group(timeout_s), device="cpu")
         config = BalancerConfig(
             partitioner=partitioner, capacity=batch_size, plan_in_process=plan_in_process
         )

@@ -88,22 +88,19 @@ class SparseDataDist(Schedule):
         self.embeddings.prefetch_ids()  # next batch's ids AllToAll overlaps backward
 
 
-class Prioritized(Schedule):
+class Prioritized(SparseDataDist):
     """`freescale` (paper Algorithm 2): step i+1's embeddings are looked up
     during step i except the collision rows, which step i's backward updates
-    and sends; the rest of step i's update is applied at the start of step i+1."""
+    and sends; the rest of step i's update is applied at the start of step i+1.
+
+    The hooks are sdd's: in prioritized mode the collection's ``prefetch`` issues
+    i+1's preflight and ``prefetch_ids`` (after forward) does the rest of its
+    prefetch, so the one host read waits for that exchange while the GPU works
+    on forward."""
 
     def __init__(self, model: Any, embeddings: Any, device: torch.device, timer: Any) -> None:
         super().__init__(model, embeddings, device, timer)
         embeddings.set_prioritized(True)
-
-    def upcoming(self, batch: SampleBatch, info: BatchInfo) -> None:
-        self._prefetch(batch, info)  # the preflight exchange of i+1 (pinned copy on GPU)
-
-    def after_forward(self) -> None:
-        # The rest of i+1's prefetch: its one host read (the counts) waits for the
-        # exchange issued before forward, while the GPU works on forward.
-        self.embeddings.prefetch_ids()
 
     def flush(self) -> None:
         self.embeddings.flush()

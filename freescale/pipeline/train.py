@@ -23,7 +23,7 @@ from torch import Tensor
 from freescale.comm import make_communicator
 from freescale.embedding import swap
 from freescale.jagged.batch import SampleBatch
-from freescale.jagged.ops import wait_for_copy
+from freescale.jagged.ops import copy_to_host, wait_for_copy
 from freescale.models.loss import bce_loss, bce_sum, bce_total, normalized_entropy
 from freescale.models.sequence import SequenceModel
 from freescale.pipeline.balancing import BalanceStage, Feed, balance_partitioner, host_lengths
@@ -62,13 +62,7 @@ def read_later(t: Tensor) -> Callable[[], list[float]]:
     Reading a device value at once would make the host wait for the GPU at
     the end of every step, leaving the GPU idle while the next step launches.
     """
-    if t.device.type != "cuda":
-        values = t.tolist()
-        return lambda: values
-    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-    host.copy_(t, non_blocking=True)
-    done = torch.cuda.Event()
-    done.record()
+    host, done = copy_to_host(t)
     return lambda: (wait_for_copy(done, "metrics (one step late)"), host.tolist())[1]
 
 

@@ -138,9 +138,8 @@ def _torchrec_rank(comm, ec, kjt) -> dict:
     return {"out": out, "t1": coll.full_table("0.t1"), "t2": coll.full_table("0.t2")}
 
 
-def test_swap_torchrec_embedding_collection():
-    torchrec = pytest.importorskip("torchrec")
-    torch.manual_seed(0)
+def _two_table_collection(torchrec):
+    """t1 (features f1, f2; 10 rows) and t2 (f3; 7 rows), dim 4, on the CPU."""
     configs = [
         torchrec.EmbeddingConfig(
             name="t1", embedding_dim=4, num_embeddings=10, feature_names=["f1", "f2"]
@@ -149,7 +148,13 @@ def test_swap_torchrec_embedding_collection():
             name="t2", embedding_dim=4, num_embeddings=7, feature_names=["f3"]
         ),
     ]
-    ec = torchrec.EmbeddingCollection(tables=configs, device=torch.device("cpu"))
+    return torchrec.EmbeddingCollection(tables=configs, device=torch.device("cpu"))
+
+
+def test_swap_torchrec_embedding_collection():
+    torchrec = pytest.importorskip("torchrec")
+    torch.manual_seed(0)
+    ec = _two_table_collection(torchrec)
     kjt = torchrec.KeyedJaggedTensor.from_lengths_sync(
         keys=["f1", "f2", "f3"],
         values=torch.tensor([1, 2, 3, 3, 5, 6]),
@@ -171,15 +176,7 @@ def _torchrec_int32_rank() -> bytes:
     import torchrec
 
     torch.manual_seed(0)
-    configs = [
-        torchrec.EmbeddingConfig(
-            name="t1", embedding_dim=4, num_embeddings=10, feature_names=["f1", "f2"]
-        ),
-        torchrec.EmbeddingConfig(
-            name="t2", embedding_dim=4, num_embeddings=7, feature_names=["f3"]
-        ),
-    ]
-    ec = torchrec.EmbeddingCollection(tables=configs, device=torch.device("cpu"))
+    ec = _two_table_collection(torchrec)
     values = torch.tensor([1, 2, 9, 3, 3, 5, 6, 0])
     lengths = [1, 2, 0, 3, 1, 1]  # stride 2; f2's first sample has 0 ids
     kjts = {
