@@ -36,6 +36,7 @@ from freescale.comm import Communicator
 from freescale.embedding import input_dist
 from freescale.embedding.config import ShardingPlan, TableConfig
 from freescale.embedding.lookup import GroupCall, ShardedLookup, Timer, no_timer
+from freescale.embedding.nonfinite import NonFiniteGuard
 from freescale.embedding.preflight import Request, make_request
 from freescale.embedding.prioritized import CollisionStats, PrioritizedLookup, PrioritizedSchedule
 from freescale.embedding.sharding import RowSharding
@@ -97,6 +98,7 @@ class ShardedEmbeddingCollection(nn.Module):
         # Compare prefetched ids with the forward's ids (exact; a host sync on GPU).
         self.verify_prefetch = self.device.type == "cpu"
         self._prio: PrioritizedSchedule | None = None
+        self.nonfinite: NonFiniteGuard | None = None  # see `guard_nonfinite`
 
     # ---- lookup --------------------------------------------------------------
     def forward(self, features: Features) -> Outputs:
@@ -111,7 +113,9 @@ class ShardedEmbeddingCollection(nn.Module):
         input_dist.issue_ids(prepared, self.comm, self.timer)
         if not prepared.calls:  # every rank passed no features (the preflight checked that)
             return {}
-        outputs = ShardedLookup.apply(self._anchor, prepared.calls, self.comm, self.timer)
+        outputs = ShardedLookup.apply(
+            self._anchor, prepared.calls, self.comm, self.timer, self.nonfinite
+        )
         return self._split(prepared.calls, outputs)
 
     # ---- sparse data dist: start a future call's input distribution early ----
@@ -193,13 +197,28 @@ class ShardedEmbeddingCollection(nn.Module):
                 f"{prepared.keys} vs {keys}): prefetch exactly the ids forward will use"
             )
 
+    # ---- non-finite guard --------------------------------------------------------
+    def guard_nonfinite(self, enabled: bool = True) -> NonFiniteGuard | None:
+        """Skip, on every rank, an update whose gradients (or the evidence given
+        to ``nonfinite.begin_step``, e.g. the loss) are not finite on any rank.
+
+        Costs one small all-gather per backward and no host read; set it on
+        every rank alike, between steps. Returns the guard (None when disabled).
+        """
+        self.nonfinite = NonFiniteGuard(self.comm) if enabled else None
+        if self._prio is not None:
+            self._prio.guard = self.nonfinite
+        return self.nonfinite
+
     # ---- prioritized updates ---------------------------------------------------
     def set_prioritized(self, enabled: bool) -> None:
         """Switch prioritized updates on or off (between steps; off flushes)."""
         if enabled and self._prio is None:
             if self._pending:
                 raise RuntimeError("switch to prioritized updates with no sdd prefetch pending")
-            self._prio = PrioritizedSchedule(self.comm, self.timer, self.overlap_comm)
+            self._prio = PrioritizedSchedule(
+                self.comm, self.timer, self.overlap_comm, self.nonfinite
+            )
         elif not enabled and self._prio is not None:
             prio = self._schedule()
             pending, prio.pending = prio.pending, None
@@ -322,6 +341,7 @@ class ShardedEmbeddingCollection(nn.Module):
     def step_of(self, name: str) -> int:
         """Number of updates table ``name`` has received."""
         store, t = self._locate(name)
+        store.settle()
         return int(store.steps[t])
 
     # ---- checkpoints see current tables ----------------------------------------

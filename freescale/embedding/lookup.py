@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from freescale.comm import Communicator, Work
+from freescale.embedding.nonfinite import NonFiniteGuard
 from freescale.embedding.preflight import Request
 from freescale.embedding.store import ShardStore
 from freescale.kernels import DispatchPlan, apply_dispatch, ranged_combine, ranged_dispatch
@@ -80,31 +81,45 @@ def _forward(call: GroupCall, comm: Communicator, timer: Timer) -> Tensor:
         return ranged_combine(back, call.plan)
 
 
-def _backward(call: GroupCall, comm: Communicator, grad: Tensor, timer: Timer) -> None:
+def _backward(
+    call: GroupCall, comm: Communicator, grad: Tensor, timer: Timer, skip: Tensor | None
+) -> None:
     assert call.recv_slots is not None
     with timer("grad_a2a"):
         grad_sorted = apply_dispatch(grad.to(call.store.dtype).contiguous(), call.plan)
         grad_shard = comm.all_to_all_v(grad_sorted, call.send, call.recv).wait()
     with timer("update"):
-        call.store.apply_gradients(call.recv_slots, grad_shard, call.table_indices)
+        call.store.apply_gradients(call.recv_slots, grad_shard, call.table_indices, skip)
     call.recv_slots = None  # a second backward through the same call is an error
 
 
 class ShardedLookup(torch.autograd.Function):
-    """Outputs: one ``[N_g, D_g]`` batch-major embedding tensor per group call."""
+    """Outputs: one ``[N_g, D_g]`` batch-major embedding tensor per group call.
+
+    With a `NonFiniteGuard`, the ranks first agree whether any of them saw a
+    non-finite value; if so, no row and no optimizer state changes.
+    """
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx: Any, anchor: Tensor, calls: list[GroupCall], comm: Communicator, timer: Timer
+        ctx: Any,
+        anchor: Tensor,
+        calls: list[GroupCall],
+        comm: Communicator,
+        timer: Timer,
+        guard: NonFiniteGuard | None = None,
     ) -> tuple[Tensor, ...]:
-        ctx.calls, ctx.comm, ctx.timer = calls, comm, timer
+        ctx.calls, ctx.comm, ctx.timer, ctx.guard = calls, comm, timer, guard
         return tuple(_forward(call, comm, timer) for call in calls)
 
     @staticmethod
     def backward(ctx: Any, *grads: Tensor) -> tuple[None, ...]:
         with torch.no_grad():
+            if any(call.recv_slots is None for call in ctx.calls):
+                raise RuntimeError("backward ran twice through one sharded lookup")
+            skip = None
+            if ctx.guard is not None:
+                skip = ctx.guard.agree(grads, ctx.calls[0].store.weight.device)
             for call, grad in zip(ctx.calls, grads, strict=True):
-                if call.recv_slots is None:
-                    raise RuntimeError("backward ran twice through one sharded lookup")
-                _backward(call, ctx.comm, grad, ctx.timer)
-        return None, None, None, None
+                _backward(call, ctx.comm, grad, ctx.timer, skip)
+        return None, None, None, None, None

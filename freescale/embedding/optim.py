@@ -148,17 +148,23 @@ def apply_rows(
     grad: Tensor,
     lr: Scalar,
     bc: tuple[Scalar, Scalar],
+    skip: Tensor | None = None,
 ) -> None:
     """Update ``weight[rows]`` and ``state[*][rows]`` in place (``rows`` unique).
 
     Reads the touched rows, computes in fp32, writes them back; duplicate-free
-    rows make the scatter deterministic.
+    rows make the scatter deterministic. When the 0-dim device flag ``skip`` is
+    true the old values are written back (decided on the device, no host read).
     """
     if rows.numel() == 0:
         return
     w = weight.index_select(0, rows).float()
-    rows_state = {name: t.index_select(0, rows) for name, t in state.items()}
+    old_state = {name: t.index_select(0, rows) for name, t in state.items()}
+    rows_state = dict(old_state)  # `update` replaces its entries with the new state
     new_w = opt.update(w, rows_state, grad, lr, bc)
+    if skip is not None:
+        new_w = torch.where(skip, w, new_w)
+        rows_state = {k: torch.where(skip, old_state[k], v) for k, v in rows_state.items()}
     # index_put_ (not index_copy_) keeps torch's deterministic mode usable on CUDA.
     weight.index_put_((rows,), new_w.to(weight.dtype))
     for name, t in state.items():

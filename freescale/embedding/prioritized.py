@@ -48,6 +48,7 @@ from freescale.comm import Communicator, Work
 from freescale.embedding import collision_link, input_dist
 from freescale.embedding.collision_link import Link, fill_marked, split_marked
 from freescale.embedding.lookup import GroupCall, Timer, no_timer
+from freescale.embedding.nonfinite import NonFiniteGuard
 from freescale.embedding.store import ShardStore
 from freescale.kernels import apply_dispatch, ranged_combine
 
@@ -95,18 +96,24 @@ class Deferred:
     slots: Tensor  # shard-major slots of X, arrival order
     grads: Work  # the exchange of their gradients, issued in backward
     steps: tuple[int, ...]  # per-table steps of the update it belongs to
+    skip: Tensor | None = None  # the step's non-finite flag (device): then nothing changes
 
 
 class PrioritizedSchedule:
     """The context that persists across steps: the prefetched steps and the stash."""
 
     def __init__(
-        self, comm: Communicator, timer: Timer = no_timer, overlap: Communicator | None = None
+        self,
+        comm: Communicator,
+        timer: Timer = no_timer,
+        overlap: Communicator | None = None,
+        guard: NonFiniteGuard | None = None,
     ) -> None:
         # ``comm`` carries the blocking exchanges (collision gradients and rows);
         # ``overlap`` those issued ahead of their use (prefetch, deferred gradients).
         self.comm, self.timer = comm, timer
         self.overlap = overlap if overlap is not None else comm
+        self.guard = guard  # agrees whether the step is skipped, before any row changes
         self.steps: deque[StepState] = deque()  # [current] or [current, next]
         self.stash: list[Deferred] = []
         self.last_stats: CollisionStats | None = None
@@ -173,7 +180,7 @@ class PrioritizedSchedule:
             with self.timer("grad_a2a"):
                 grads = d.grads.wait()
             with self.timer("update"):
-                d.store.apply_update(d.slots, grads, d.steps)
+                d.store.apply_update(d.slots, grads, d.steps, d.skip)
 
     def discard(self, state: StepState) -> None:
         """Drop a step that looks nothing up (no rank passed features): no backward."""
@@ -215,26 +222,29 @@ class PrioritizedSchedule:
         self.steps.popleft()
         self.flush()  # normally empty: prefetch applied it
         nxt = self.steps[0] if self.steps else None
+        skip = None
+        if self.guard is not None and state.calls():
+            skip = self.guard.agree(grads, state.prepared.calls[0].store.weight.device)
         deferred: list[tuple[ShardStore, Tensor, Tensor, Link, tuple[int, ...]]] = []
         for (g, call), grad in zip(state.calls().items(), grads, strict=True):
             grad_send = apply_dispatch(grad.to(call.store.dtype).contiguous(), call.plan)
             lk = state.next.get(g)
-            steps = call.store.advance(call.table_indices)
+            steps = call.store.advance(call.table_indices, skip)
             assert call.recv_slots is not None
             if lk is None:  # no next step prefetched: C is empty, update everything now
-                self._update(call, call.recv_slots, grad_send, (call.send, call.recv), steps)
+                self._update(call, call.recv_slots, grad_send, (call.send, call.recv), steps, skip)
                 continue
             assert nxt is not None
             counts = lk.counts()
             g_co, g_ex = split_marked(grad_send, lk.now_send, sum(counts.grads_co[0]))
             slots_co, slots_ex = split_marked(call.recv_slots, lk.now_recv, sum(counts.grads_co[1]))
-            self._update(call, slots_co, g_co, counts.grads_co, steps, "grad_a2a_collision")
+            self._update(call, slots_co, g_co, counts.grads_co, steps, skip, "grad_a2a_collision")
             nxt.collided[g] = self._send_collided(lk)
             deferred.append((call.store, slots_ex, g_ex, lk, steps))
         # The exclusive gradients leave last: they are not on the critical path.
         for store, slots_ex, g_ex, lk, steps in deferred:
             work = self.overlap.all_to_all_v(g_ex, *lk.counts().grads_ex)
-            self.stash.append(Deferred(store, slots_ex, work, steps))
+            self.stash.append(Deferred(store, slots_ex, work, steps, skip))
 
     def _update(
         self,
@@ -243,12 +253,13 @@ class PrioritizedSchedule:
         grad_send: Tensor,
         counts: tuple[list[int], list[int]],
         steps: tuple[int, ...],
+        skip: Tensor | None,
         section: str = "grad_a2a",
     ) -> None:
         with self.timer(section):
             grad_shard = self.comm.all_to_all_v(grad_send, *counts).wait()
         with self.timer("update"):
-            call.store.apply_update(slots, grad_shard, steps)
+            call.store.apply_update(slots, grad_shard, steps, skip)
 
     def _send_collided(self, lk: Link) -> Work:
         """The updated C rows, to the requesters of the next step (their positions in order)."""

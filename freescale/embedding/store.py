@@ -15,6 +15,7 @@ scrambling rows. A ``layout`` tensor guards against a changed assignment.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,7 +26,7 @@ from freescale.embedding._ops import sum_duplicates
 from freescale.embedding.config import TableConfig
 from freescale.embedding.optim import OptimizerConfig, Scalar, apply_rows, make_state
 from freescale.embedding.sharding import RowSharding
-from freescale.jagged.ops import host_to_device
+from freescale.jagged.ops import copy_to_host, host_to_device, wait_for_copy
 from freescale.kernels import gather_rows
 from freescale.kernels.backend import choose_impl, triton_module
 
@@ -61,6 +62,8 @@ class ShardStore(nn.Module):
             self.register_buffer(name, t, persistent=False)
         self.register_buffer("steps", torch.zeros(len(tables), dtype=torch.int64), persistent=False)
         self._host_steps = [0] * len(tables)  # mirror of ``steps``: lr needs no device read
+        # Steps counted before their skip flag was read: (tables, flag copy, its event).
+        self._unsettled: deque[tuple[list[int], Tensor, Any]] = deque()
         self.register_buffer("frozen_slots", self._padding_slots(device), persistent=False)
         # First slot of every table but the first: a slot's table is a bucketize.
         bounds = torch.tensor(self.starts[1:], dtype=torch.int64, device=device)
@@ -93,41 +96,85 @@ class ShardStore(nn.Module):
     def lookup(self, slots: Tensor) -> Tensor:
         return gather_rows(self.weight, slots)
 
-    def apply_gradients(self, slots: Tensor, grads: Tensor, tables: Sequence[int]) -> None:
-        """One optimizer step of ``tables`` with shard-major gradients of ``slots``."""
-        self.apply_update(slots, grads, self.advance(tables))
+    def apply_gradients(
+        self, slots: Tensor, grads: Tensor, tables: Sequence[int], skip: Tensor | None = None
+    ) -> None:
+        """One optimizer step of ``tables`` with shard-major gradients of ``slots``.
 
-    def advance(self, tables: Sequence[int]) -> tuple[int, ...]:
+        ``skip`` (a device flag, `freescale.embedding.nonfinite`): when true the
+        step changes no row, no state and, once the flag is read, no step counter.
+        """
+        self.apply_update(slots, grads, self.advance(tables, skip), skip)
+
+    def advance(self, tables: Sequence[int], skip: Tensor | None = None) -> tuple[int, ...]:
         """Count one step of each table in ``tables``; return every table's step.
 
         The returned steps select the hyperparameters (lr schedule, Adam's bias
         correction) of this step's update, also when part of it is applied later.
+        A step that may be skipped is counted now and taken back when its flag
+        is read: at the next step that needs exact counters (an lr schedule,
+        Adam), otherwise whenever the flag's copy has arrived; neither waits
+        for the GPU in practice (the flag was computed a step earlier).
         """
-        for t in sorted(set(tables)):
+        self.settle(wait=self._step_dependent())
+        touched = sorted(set(tables))
+        for t in touched:
             self.steps[t] += 1
             self._host_steps[t] += 1
+        if skip is not None and touched:
+            self._unsettled.append((touched, *copy_to_host(skip)))
         return tuple(self._host_steps)
 
-    def apply_update(self, slots: Tensor, grads: Tensor, steps: Sequence[int]) -> None:
+    def settle(self, wait: bool = True) -> None:
+        """Take back the step counts of skipped steps whose flags can be read
+        (all of them when ``wait``; otherwise only those already on the host)."""
+        while self._unsettled:
+            tables, flag, event = self._unsettled[0]
+            if event is not None and not wait and not event.query():
+                return
+            wait_for_copy(event, "skipped-step counters")
+            self._unsettled.popleft()
+            if bool(flag):
+                for t in tables:
+                    self.steps[t] -= 1
+                    self._host_steps[t] -= 1
+
+    def _step_dependent(self) -> bool:
+        return self.optimizer.lr_schedule is not None or self.optimizer.bias_corrections(
+            2
+        ) != self.optimizer.bias_corrections(1)
+
+    def apply_update(
+        self,
+        slots: Tensor,
+        grads: Tensor,
+        steps: Sequence[int],
+        skip: Tensor | None = None,
+    ) -> None:
         """Update the rows of ``slots`` with the hyperparameters of per-table ``steps``.
 
         A row's update depends only on its own gradient rows (summed in arrival
         order) and its own state, so the rows of one step may be updated in
-        disjoint parts, at different times, with the same result.
+        disjoint parts, at different times, with the same result. Nothing
+        changes when the device flag ``skip`` is true.
         """
         per_table = self._per_table_scalars(steps)
         if choose_impl(None, self.weight.device) == "triton":
-            self._apply_fused(slots, grads, per_table)
+            self._apply_fused(slots, grads, per_table, skip)
             return
         rows, summed = sum_duplicates(slots, grads)
         if self.frozen_slots.numel():
             keep = ~torch.isin(rows, self.frozen_slots)
             rows, summed = rows[keep], summed[keep]
         lr, bc = self._step_scalars(rows, per_table)
-        apply_rows(self.optimizer, self.weight, self.optimizer_state(), rows, summed, lr, bc)
+        apply_rows(self.optimizer, self.weight, self.optimizer_state(), rows, summed, lr, bc, skip)
 
     def _apply_fused(
-        self, slots: Tensor, grads: Tensor, per_table: list[tuple[float, float, float]]
+        self,
+        slots: Tensor,
+        grads: Tensor,
+        per_table: list[tuple[float, float, float]],
+        skip: Tensor | None,
     ) -> None:
         """The GPU path: sums and update in Triton, with no host read-back (a
         device-to-host read here would stall the host in the middle of backward)."""
@@ -144,6 +191,7 @@ class ShardStore(nn.Module):
             slots,
             grads,
             frozen=self.frozen_slots,
+            skip=skip,
             **self.optimizer.kernel_spec(),
             **scalars,
         )
@@ -195,6 +243,7 @@ class ShardStore(nn.Module):
         return f"{prefix}{name}.rank{self.rank}of{self.world_size}"
 
     def _save_to_state_dict(self, destination: dict, prefix: str, keep_vars: bool) -> None:
+        self.settle()  # the counters of skipped steps taken back
         for name, t in self._tensors().items():
             destination[self._key(prefix, name)] = t if keep_vars else t.detach()
 
@@ -208,6 +257,7 @@ class ShardStore(nn.Module):
         unexpected_keys: list[str],
         error_msgs: list[str],
     ) -> None:
+        self.settle()
         tensors = self._tensors()
         for name, target in tensors.items():
             key = self._key(prefix, name)

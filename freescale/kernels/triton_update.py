@@ -162,6 +162,7 @@ def sparse_update(
     betas: tuple[float, float] = (0.0, 0.0),
     frozen: Tensor | None = None,
     table_bounds: Tensor | None = None,
+    skip: Tensor | None = None,
 ) -> None:
     """``weight[slot] -= optimizer(sum of grads of slot)`` for every received slot.
 
@@ -170,6 +171,7 @@ def sparse_update(
     Adam). ``lr``/``bc``: floats, or per-table ``[T]`` tensors; then a slot's
     table is found by bucketizing it into ``table_bounds`` (the first slot of
     every table but the first). ``frozen``: slots never updated (padding rows).
+    ``skip``: a 0-dim device flag; when true no row changes (read on the device).
     """
     n, D = grads.shape[0], weight.shape[1]
     if n == 0:
@@ -188,6 +190,8 @@ def sparse_update(
     start.scatter_(0, torch.where(flag.bool(), seg, n + 1), positions)
     if frozen is not None and frozen.numel():
         rows = torch.where(torch.isin(rows, frozen), -1, rows)
+    if skip is not None:  # a run of slot -1 is left alone by `_apply_kernel`
+        rows = torch.where(skip, -1, rows)
     # Pieces are counted from each run's start (not from position 0), so a
     # row's sum does not depend on which other rows share the update.
     piece = ((positions - start[seg]) % CHUNK == 0).to(torch.int8)

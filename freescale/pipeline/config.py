@@ -84,6 +84,11 @@ class TrainConfig:
     checkpoint_keep: int = 2  # newest complete checkpoints kept
     resume: str = ""  # a checkpoint, or a checkpoint_dir (its newest); empty = start at 0
     timeout_s: float = 300.0  # collective timeout: a stuck rank fails the run after this
+    # a step whose loss or gradients are not finite on some rank changes nothing on
+    # any rank and is counted; "raise" fails the run after nonfinite_max_skips
+    # consecutive skipped steps (0: on the first), "skip" never does
+    nonfinite: str = "raise"
+    nonfinite_max_skips: int = 3
 
     def __post_init__(self) -> None:
         _choice("mode", self.mode, MODES)
@@ -98,6 +103,7 @@ class TrainConfig:
         _choice("amp", self.amp, ("none", "bf16"))
         _choice("plan_process", self.plan_process, ("auto", "on", "off"))
         _choice("balance_counts", self.balance_counts, ("equal", "variable"))
+        _choice("nonfinite", self.nonfinite, ("raise", "skip"))
         if self.balance_counts == "variable" and self.balance != "cost":
             raise ValueError("balance_counts=variable needs balance=cost")
         if self.max_local_batch and self.max_local_batch < self.batch_size:
@@ -119,7 +125,13 @@ class TrainConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("warmup", "max_content", "eval_every", "checkpoint_every"):
+        for name in (
+            "warmup",
+            "max_content",
+            "eval_every",
+            "checkpoint_every",
+            "nonfinite_max_skips",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.warmup >= self.steps:

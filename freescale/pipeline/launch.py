@@ -39,6 +39,7 @@ import torch.multiprocessing as mp
 from freescale.pipeline.checks import check_launch
 from freescale.pipeline.config import TrainConfig
 from freescale.pipeline.liveness import EXIT_STOPPED, die_with_parent, was_stopped
+from freescale.pipeline.nonfinite import NonFiniteError
 from freescale.pipeline.train import run_rank
 
 
@@ -178,7 +179,8 @@ def _spawned(rank: int, cfg: TrainConfig, port: int, results: Any, launcher: int
     try:
         summary = _run_initialized(cfg, rank, cfg.nproc, store)
     except BaseException as e:
-        if not isinstance(e, ValueError):  # input errors are one line; the rest keep a trace
+        # input and non-finite errors are one line; the rest keep a trace
+        if not isinstance(e, (ValueError, NonFiniteError)):
             traceback.print_exc()
         results.put(("error", rank, f"{type(e).__name__}: {e}".splitlines()[0]))
         results.close()

@@ -46,9 +46,11 @@ _FIELDS = (
     "items",
     "samples",
     "stop",  # 1: this rank was asked to stop (SIGTERM); all ranks see it in the same step
+    "nonfinite",  # 1: this rank's loss or embedding gradients were not finite
     *(f"feature_{name}" for name in FEATURES),
 )
 STOP = _FIELDS.index("stop")
+NONFINITE = _FIELDS.index("nonfinite")
 
 
 @dataclass
@@ -66,6 +68,7 @@ class RankStep:
     # freescale mode: rows of C^i, rows step i+1 reads, and the same in ids (this rank's shards)
     collision: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
     stop: float = 0.0
+    nonfinite: float = 0.0
     features: tuple[float, ...] = (0.0,) * len(FEATURES)  # this rank's batch, summed
 
     def vector(self, device: torch.device) -> torch.Tensor:
@@ -82,6 +85,7 @@ class RankStep:
             self.items,
             self.samples,
             self.stop,
+            self.nonfinite,
             *self.features,
         ]
         return torch.tensor(values, dtype=torch.float64, device=device)

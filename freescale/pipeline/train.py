@@ -34,6 +34,7 @@ from freescale.pipeline.inputs import InputAgreement, Limits, find_problem
 from freescale.pipeline.liveness import Liveness, gloo_group, mark_stopped
 from freescale.pipeline.loader import BatchInfo, Prefetcher, default_workers
 from freescale.pipeline.metrics import (
+    NONFINITE,
     STOP,
     JsonLines,
     RankStep,
@@ -41,6 +42,7 @@ from freescale.pipeline.metrics import (
     gather_step,
     summarize_step,
 )
+from freescale.pipeline.nonfinite import NonFiniteCount, skip_flags
 from freescale.pipeline.schedule import SCHEDULES
 from freescale.pipeline.setup import (
     DenseSync,
@@ -100,7 +102,12 @@ class Trainer:
         self.schedule = SCHEDULES[cfg.mode](
             self.model, self.embeddings, self.device, self.timer.section
         )
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.dense_lr)
+        # Fused Adam takes the step's non-finite flag on the device (`found_inf`,
+        # as gradient scalers pass it): a skipped step leaves weights, moments
+        # and its step count alone without the host reading the flag.
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.dense_lr, fused=True)
+        self.guard = self.embeddings.guard_nonfinite()
+        self.nonfinite = NonFiniteCount(cfg.nonfinite, cfg.nonfinite_max_skips)
         self.autocast = torch.autocast(
             self.device.type, dtype=torch.bfloat16, enabled=cfg.amp == "bf16"
         )
@@ -138,7 +145,8 @@ class Trainer:
         self.delay_loader_ms = cfg.delay_loader_ms if delayed else 0.0
 
     # ---- stages ------------------------------------------------------------
-    def _train_step(self, batch: SampleBatch, info: BatchInfo) -> Tensor:
+    def _train_step(self, batch: SampleBatch, info: BatchInfo) -> tuple[Tensor, Tensor]:
+        """Launch one step: (its BCE sum, its flags of `skip_flags`), read later."""
         global_count = self.schedule.global_count(info)
         with self.autocast:
             logits = self.dense.ddp(batch, max_uih=info.max_uih, max_candidates=info.max_candidates)
@@ -151,8 +159,11 @@ class Trainer:
         loss = bce_loss(logits, batch.labels, global_count)
         if min(info.samples, info.uih_tokens, info.candidates) == 0:
             loss = self.dense.cover_all(loss)  # empty parts: every rank reduces every bucket
+        loss = self.poison(loss)
+        self.guard.begin_step(loss)
         self.dense.last_ready = None
-        loss.backward()  # fused sparse update + overlapped dense all-reduce
+        loss.backward()  # fused sparse update (skipped if any rank saw a non-finite) + dense
+
         if self.dense.last_ready is not None:
             # Exposed dense all-reduce: from the later of "last bucket ready" and
             # "embedding backward done" (its own sections) to the end of backward.
@@ -160,11 +171,17 @@ class Trainer:
                 self.dense.last_ready, self.timer.last_end or (0, None), key=lambda m: m[0]
             )[1]
             self.timer.add_interval("dense_allreduce", start, self.timer.mark())
+        flags = skip_flags(self.guard, self.model.parameters(), self.device)
+        self.optimizer.found_inf = flags[0].float()  # type: ignore[attr-defined]
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         if self.balance is not None:
             self.balance.collect()
-        return bce_total(logits.detach(), batch.labels)
+        return bce_total(logits.detach(), batch.labels), flags
+
+    def poison(self, loss: Tensor) -> Tensor:
+        """The loss as given (tests replace this to inject a non-finite step)."""
+        return loss
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
@@ -260,10 +277,10 @@ class Trainer:
             if step + 1 < cfg.steps:
                 nxt = feed.take()
                 self.schedule.upcoming(*nxt[:2])
-            bce = self._train_step(batch, info)
+            bce, flags = self._train_step(batch, info)
             collision = self.schedule.collision_counts() if step + 1 < cfg.steps else None
             self.timer.add_interval("step", step_start, self.timer.mark())
-            on_device = [bce.double()]
+            on_device = [bce.double(), *flags.double()]
             if math.isnan(info.positives):  # labels moved with the balanced samples
                 on_device.append(batch.labels.sum().double())
             values = torch.stack(on_device)
@@ -299,6 +316,7 @@ class Trainer:
             "device": str(self.device),
             "wall_s": time.perf_counter() - start,
             "first_step": first,
+            "nonfinite_skipped": self.nonfinite.skipped,
         }
         if self.stop_agreed:
             extra.update(stopped="SIGTERM", last_step=step)
@@ -312,7 +330,7 @@ class Trainer:
         exposed = exposed_by_category(sections)
         collision_part = sum(sections.get(name, 0.0) for name in COLLISION_PART)
         info = rec.info
-        bce, *counted = rec.values()
+        bce, skipped, partial, seen_here, *counted = rec.values()
         positives = counted[0] if counted else info.positives
         local = RankStep(
             step_ms=step_ms,
@@ -328,6 +346,7 @@ class Trainer:
             samples=info.samples,
             collision_part_ms=collision_part,
             stop=float(self.liveness.stop_requested),
+            nonfinite=seen_here,
             features=info.features,
         )
         if rec.collision is not None:
@@ -337,6 +356,7 @@ class Trainer:
             self.stop_agreed = True  # every rank decides this in the same step
             mark_stopped()
         record = summarize_step(rec.step, table)
+        record["nonfinite_skipped"] = bool(skipped)
         self.summary.add(record)
         if rec.handle is not None:
             assert self.balance is not None
@@ -346,6 +366,10 @@ class Trainer:
             record["eval_ne"] = rec.eval["ne"]
         self.writer.write(record)
         self._progress(rec.step, record, start)
+        # The skip flags are global (agreed in backward; the dense gradients are
+        # all-reduced), so every rank takes the same decision here.
+        seen = [r for r, x in enumerate(table[:, NONFINITE].tolist()) if x > 0]
+        self.nonfinite.count(rec.step, bool(skipped), bool(partial), seen)
 
     def _progress(self, step: int, record: dict[str, Any], start: float) -> None:
         if self.rank != 0 or not self.cfg.progress:

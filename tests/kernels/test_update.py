@@ -154,3 +154,40 @@ def test_update_of_disjoint_row_subsets_equals_one_update(triton_device, seed, o
     (w_one, s_one), (w_two, s_two) = results
     assert torch.equal(w_one, w_two)
     assert all(torch.equal(s_one[k], s_two[k]) for k in s_one)
+
+
+@pytest.mark.parametrize("skip", [True, False])
+@pytest.mark.parametrize("opt", OPTIMIZERS, ids=["sgd", "adagrad", "adam"])
+def test_skip_flag_leaves_rows_and_state_alone(triton_device, opt, skip):
+    """A true device flag (a non-finite step, `freescale.embedding.nonfinite`)
+    changes no row and no state, in the Triton and torch paths; a false one is
+    the plain update, bit for bit."""
+    from freescale.kernels.triton_update import sparse_update
+
+    slots, grads, weight, _ = _subset_case(3)
+    if skip:
+        grads[5] = float("nan")  # what the guard would have seen
+    bc = (0.9, 0.99) if isinstance(opt, Adam) else (1.0, 1.0)
+    state0 = make_state(opt, weight.shape[0], weight.shape[1], torch.device("cpu"))
+    for t in state0.values():
+        t.add_(0.25)
+    results = {}
+    for path in ("triton", "torch"):
+        for flag in (torch.tensor(skip), None):
+            w = weight.clone()
+            state = {k: v.clone() for k, v in state0.items()}
+            if path == "triton":
+                w, state = w.to(triton_device), {k: v.to(triton_device) for k, v in state.items()}
+                flag_dev = None if flag is None else flag.to(triton_device)
+                sparse_update(w, list(state.values()), slots.to(triton_device),
+                              grads.to(triton_device), lr=0.1, bc=bc, skip=flag_dev,
+                              **opt.kernel_spec())  # fmt: skip
+            else:
+                rows, summed = sum_duplicates(slots, grads)
+                apply_rows(opt, w, state, rows, summed, 0.1, bc, flag)
+            results[(path, flag is None)] = (w.cpu(), {k: v.cpu() for k, v in state.items()})
+    for path in ("triton", "torch"):
+        w, state = results[(path, False)]
+        want_w, want_state = (weight, state0) if skip else results[(path, True)]
+        assert torch.equal(w, want_w), path
+        assert all(torch.equal(state[k], want_state[k]) for k in state), path

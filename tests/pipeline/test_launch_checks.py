@@ -30,6 +30,8 @@ def _rc_and_last_line(capsys, *args: str) -> tuple[int, str, float]:
         (["--set", "metrics_path=/proc/nope/m.jsonl"], "metrics_path: cannot create"),
         (["--set", "data=sasrec:/no/such/file.txt"], "data file '/no/such/file.txt'"),
         (["--set", "timeout_s=0"], "timeout_s must be a finite number of seconds >= 1"),
+        (["--set", "nonfinite=ignore"], "nonfinite must be one of raise, skip"),
+        (["--set", "nonfinite_max_skips=-1"], "nonfinite_max_skips must be >= 0"),
         (["--set", "checkpoint_every=5"], "checkpoint_every needs checkpoint_dir"),
         (["--resume"], "--resume without DIR needs checkpoint_dir"),
         (["--set", "delay_ranks=5"], "delay_ranks='5' names a rank outside 0..1"),
