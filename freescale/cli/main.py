@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from freescale.cli import data_cmd, report_cmd, simulate_cmd, trace_cmd, train_cmd
+from freescale.cli import (
+    calibrate_cmd,
+    data_cmd,
+    report_cmd,
+    simulate_cmd,
+    trace_cmd,
+    train_cmd,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -19,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     report_cmd.register(sub)
     trace_cmd.register(sub)
     simulate_cmd.register(sub)
+    calibrate_cmd.register(sub)
     return parser
 
 

@@ -8,13 +8,16 @@ Default compute coefficients: the `CostModel` fit of
 benchmarks/results/cost-model-check-2026-12-01.md on the 2 × H200 h200-21k
 ``balance=none`` run (scaling-21k-2xH200-2026-11-29T2050): a = 15.58 ms,
 0.1217 ms/sample, 7.376e-5 ms/token, 2.074e-8 ms/token². Link defaults are
-placeholders, NOT calibrated. No projection is validated yet.
+placeholders, NOT calibrated. With ``--calibration FILE`` every model
+parameter comes from a calibration file instead (benchmarks/sim_validate.py
+writes one next to its validation report; quote projections with that error).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -35,6 +38,7 @@ from freescale.sim import (
     simulate,
     synthetic_features,
 )
+from freescale.sim.calibrate import Calibration
 from freescale.sim.workload import Assign
 
 # a, s, b, c, d, e: see the module docstring (fitted on 2 GPUs, not validated).
@@ -82,6 +86,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--collision-share", type=float, default=0.213, help="freescale's κ")
     p.add_argument("--forward-fraction", type=float, default=1.0 / 3.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--calibration",
+        default=None,
+        help="calibration JSON (freescale calibrate, benchmarks/sim_validate.py): replaces "
+        "--coef, --jitter, --intra, --inter and adds the fixed exposed times",
+    )
+    p.add_argument("--json-out", default=None, help="also write the rows as JSON to this file")
     p.set_defaults(run=run_simulate)
 
 
@@ -107,10 +118,26 @@ def partitioner_assign(name: str, model: ComputeModel) -> Assign | None:
     return assign
 
 
+def _load_calibration(path: str | None) -> Calibration | None:
+    if path is None:
+        return None
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise ValueError(f"cannot read calibration {path}: {e.strerror}") from None
+    return Calibration.from_json(text)
+
+
 def run_simulate(args: argparse.Namespace) -> int:
     if args.steps < 1 or not 0 <= args.skip < args.steps:
         raise ValueError(f"need steps >= 1 and 0 <= skip < steps, got {args.steps}, {args.skip}")
-    model = ComputeModel(*_floats(args.coef, 6, "--coef"), jitter_sigma=args.jitter)
+    cal = _load_calibration(args.calibration)
+    if cal is None:
+        model = ComputeModel(*_floats(args.coef, 6, "--coef"), jitter_sigma=args.jitter)
+        intra = LinkModel(*_floats(args.intra, 2, "--intra"))
+        inter = LinkModel(*_floats(args.inter, 2, "--inter"))
+    else:
+        model, intra, inter = cal.compute, cal.intra, cal.inter
     spec = LengthSpec(
         args.length_median, args.length_sigma, args.length_cap, args.max_uih,
         args.max_candidates, args.max_content,
@@ -123,10 +150,15 @@ def run_simulate(args: argparse.Namespace) -> int:
             assign = partitioner_assign(balance, model)
             feats = synthetic_features(spec, args.steps, w, args.batch_size, args.seed, assign)
             for mode in modes:
+                fixed = {}
+                if cal is not None:
+                    fixed = cal.fixed_ms if balance == "none" else cal.fixed_ms_balanced
                 cfg = SimConfig(
                     mode=mode,
-                    intra=LinkModel(*_floats(args.intra, 2, "--intra")),
-                    inter=LinkModel(*_floats(args.inter, 2, "--inter")),
+                    intra=intra,
+                    inter=inter,
+                    fixed_ms=dict(fixed),
+                    forward_barrier=cal is not None and balance == "none" and w > 1,
                     gpus_per_node=args.gpus_per_node,
                     embedding_dim=args.embedding_dim,
                     embedding_bytes=args.embedding_bytes,
@@ -137,11 +169,18 @@ def run_simulate(args: argparse.Namespace) -> int:
                 )
                 summary = simulate(feats, model, cfg, seed=args.seed).summary(args.skip)
                 rows.append({"world_size": w, "balance": balance, "mode": mode, **summary})
-    print("| W | balance | mode | " + " | ".join(COLUMNS) + " | dense_ms |")
-    print("|---" * (len(COLUMNS) + 4) + "|")
+    print("| W | balance | mode | " + " | ".join(COLUMNS) + " | dense_ms | meta_ms |")
+    print("|---" * (len(COLUMNS) + 5) + "|")
     for r in rows:
-        cells = [f"{r[c]:.0f}" if c == "qps" else f"{r[c]:.3f}" for c in (*COLUMNS, "dense_ms")]
+        cols = (*COLUMNS, "dense_ms", "meta_ms")
+        cells = [f"{r[c]:.0f}" if c == "qps" else f"{r[c]:.3f}" for c in cols]
         print(f"| {r['world_size']} | {r['balance']} | {r['mode']} | " + " | ".join(cells) + " |")
-    note = "compute: 2-GPU fit, not validated; links: placeholders, not calibrated"
-    print(json.dumps({"calibration": note, "rows": rows}))
+    if cal is None:
+        note = "compute: 2-GPU fit, not validated; links: placeholders, not calibrated"
+    else:
+        note = f"calibration {args.calibration}: see its sources and the validation report"
+    result = {"calibration": note, "rows": rows}
+    print(json.dumps(result))
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(result, indent=1) + "\n")
     return 0

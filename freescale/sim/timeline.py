@@ -15,6 +15,19 @@ aligned, because the previous step ended on a blocking collective):
 4. gradient AllToAll (row gradients back to the owners),
 5. the exposed tail of the dense all-reduce.
 
+Two measured effects ride on top (both calibrated from runs, docs/simulator.md):
+
+- ``fixed_ms[cat]``: a constant every rank is exposed to in a category every
+  step, whatever W: the collectives' own code path (measured at W = 1, where
+  nothing moves but the dispatch/lookup/copy work still sits on the compute
+  stream), the balancer's exposed section, the count all-reduce (``meta``).
+- ``forward_barrier``: unbalanced runs all-reduce the global candidate count
+  between forward and backward (the loss denominator), so the forward's
+  imbalance is waited out there (category ``meta``) and the backward's at the
+  gradient AllToAll: the step pays max fwd + max bwd, not max (fwd + bwd).
+  Forward and backward then get independent jitter draws, each with σ scaled
+  by 1/sqrt(f² + (1 − f)²) so that the total's spread stays σ.
+
 A blocking collective starts when the last rank reaches it and lasts X, the
 slowest rank's transfer time; rank r's exposed time in it is
 (max_q arrival_q − arrival_r) + X. Only step 4 follows unequal compute, so the
@@ -58,7 +71,7 @@ import numpy as np
 from freescale.sim.model import NUM_FEATURES, ComputeModel, LinkModel
 
 MODES = ("sync", "sdd", "freescale")
-CATEGORIES = ("ids", "emb", "grad", "dense")
+CATEGORIES = ("ids", "emb", "grad", "dense", "meta")
 
 
 @dataclass(frozen=True)
@@ -76,8 +89,13 @@ class SimConfig:
     dense_tail: float = 0.1
     collision_share: float = 0.213
     forward_fraction: float = 1.0 / 3.0
+    fixed_ms: dict[str, float] = field(default_factory=dict)
+    forward_barrier: bool = False
 
     def __post_init__(self) -> None:
+        for cat, ms in self.fixed_ms.items():
+            if cat not in CATEGORIES or not (np.isfinite(ms) and ms >= 0):
+                raise ValueError(f"fixed_ms: categories {CATEGORIES}, ms >= 0; got {cat}={ms}")
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.gpus_per_node < 1 or self.bytes_per_id < 0 or self.embedding_dim < 0:
@@ -108,12 +126,13 @@ class StepTimes:
     straggler_pct: np.ndarray
     qps: np.ndarray
     items: np.ndarray
+    wait_ms: dict[str, np.ndarray]
 
     def rank_exposed_ms(self, category: str) -> np.ndarray:
         """``[S, W]``: each rank's exposed ms in ``category``."""
         out = np.repeat(self.blocking_ms[category][:, None], self.compute_ms.shape[1], axis=1)
-        if category == "grad":
-            out = out + (self.compute_ms.max(axis=1, keepdims=True) - self.compute_ms)
+        if category in self.wait_ms:
+            out = out + self.wait_ms[category]
         return out
 
     def summary(self, skip: int = 0) -> dict[str, float]:
@@ -160,35 +179,60 @@ def simulate(features: np.ndarray, model: ComputeModel, cfg: SimConfig, seed: in
     features = np.asarray(features, dtype=np.float64)
     if features.ndim != 3 or features.shape[2] != NUM_FEATURES or 0 in features.shape[:2]:
         raise ValueError(f"features must be [steps, ranks, {NUM_FEATURES}], got {features.shape}")
-    compute = model.sample(features, np.random.default_rng(seed))  # [S, W]
+    rng = np.random.default_rng(seed)
+    f = cfg.forward_fraction
+    if cfg.forward_barrier:  # two phases, each waited out at its own barrier
+        mean = model.predict(features)
+        scale = 1.0 / np.sqrt(f * f + (1.0 - f) ** 2)
+        fwd = f * mean * _jitter(rng, model.jitter_sigma * scale, mean.shape)
+        bwd = (1.0 - f) * mean * _jitter(rng, model.jitter_sigma * scale, mean.shape)
+        compute = fwd + bwd
+        max_fwd, max_bwd = fwd.max(axis=1), bwd.max(axis=1)
+    else:
+        compute = model.sample(features, rng)  # [S, W]
+        max_fwd, max_bwd = f * compute.max(axis=1), (1.0 - f) * compute.max(axis=1)
     ids = features[..., 1] + features[..., 3] + features[..., 4]
     items = (features[..., 1] + features[..., 3]).sum(axis=1)
     x_ids = alltoall_ms(ids, cfg.bytes_per_id, cfg)
     x_rows = alltoall_ms(ids, cfg.row_bytes, cfg)  # embedding rows and row gradients
     tail = np.full_like(x_ids, cfg.dense_tail * allreduce_ms(features.shape[1], cfg))
     kappa = cfg.collision_share if cfg.mode == "freescale" else 1.0
-    max_c = compute.max(axis=1)
     grad = kappa * x_rows
-    blocking = {"emb": kappa * x_rows, "grad": grad, "dense": tail}
+    blocking = {"emb": kappa * x_rows, "grad": grad, "dense": tail, "meta": np.zeros_like(tail)}
     if cfg.mode == "sync":
         blocking["ids"] = x_ids
     else:
-        window = (1.0 - cfg.forward_fraction) * max_c + grad + tail
+        window = max_bwd + grad + tail
         prev = np.concatenate([window[:1], window[:-1]])
         blocking["ids"] = np.maximum(0.0, x_ids - prev)
         if cfg.mode == "freescale":  # private rows fetched after the ids, same window
             fetched = np.maximum(0.0, x_ids + (1.0 - kappa) * x_rows - prev)
             blocking["emb"] = blocking["emb"] + fetched - blocking["ids"]
-    step = blocking["ids"] + blocking["emb"] + max_c + grad + tail
-    wait = max_c[:, None] - compute  # [S, W]
+    for cat, ms in cfg.fixed_ms.items():
+        blocking[cat] = blocking[cat] + ms
+    step = sum(blocking[cat] for cat in CATEGORIES) + max_fwd + max_bwd
+    if cfg.forward_barrier:
+        fwd_wait, bwd_wait = max_fwd[:, None] - fwd, max_bwd[:, None] - bwd
+    else:
+        fwd_wait, bwd_wait = np.zeros_like(compute), compute.max(axis=1, keepdims=True) - compute
     exposed = {cat: blocking[cat].copy() for cat in CATEGORIES}
-    exposed["grad"] = grad + wait.mean(axis=1)
+    exposed["meta"] = blocking["meta"] + fwd_wait.mean(axis=1)
+    exposed["grad"] = blocking["grad"] + bwd_wait.mean(axis=1)
+    straggler = compute.max(axis=1, keepdims=True) - compute
     return StepTimes(
         step_ms=step,
         compute_ms=compute,
         exposed_ms=exposed,
         blocking_ms={cat: blocking[cat] for cat in CATEGORIES},
-        straggler_pct=100.0 * wait.mean(axis=1) / step,
+        straggler_pct=100.0 * straggler.mean(axis=1) / step,
         qps=items / (step / 1e3),
         items=items,
+        wait_ms={"meta": fwd_wait, "grad": bwd_wait},
     )
+
+
+def _jitter(rng: np.random.Generator, sigma: float, shape: tuple[int, ...]) -> np.ndarray:
+    """Mean-one lognormal factors exp(σZ − σ²/2); ones when σ = 0."""
+    if sigma == 0.0:
+        return np.ones(shape)
+    return np.exp(sigma * rng.standard_normal(shape) - 0.5 * sigma * sigma)

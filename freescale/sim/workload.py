@@ -99,13 +99,44 @@ def synthetic_features(
     assign: Assign | None = None,
 ) -> np.ndarray:
     """``[steps, W, 5]`` per-rank features of ``steps`` synthetic global steps,
-    each balanced by ``assign`` when given."""
+    each balanced by ``assign`` when given (one `synthetic_step` per step);
+    unbalanced workloads take the vectorized `_unbalanced_features`."""
     if steps < 1 or world_size < 1 or batch_size < 1:
         raise ValueError(f"need steps, world_size, batch_size >= 1, got {steps}, {world_size}")
     rng = np.random.default_rng(seed)
+    if assign is None:
+        return _unbalanced_features(spec, rng, steps, world_size, batch_size)
     out = np.empty((steps, world_size, NUM_FEATURES))
     for i in range(steps):
         lengths = synthetic_step(spec, rng, world_size, batch_size)
-        dest = None if assign is None else assign(lengths, i)
-        out[i] = rank_features(lengths, dest)
+        out[i] = rank_features(lengths, assign(lengths, i))
+    return out
+
+
+def _unbalanced_features(
+    spec: LengthSpec, rng: np.random.Generator, steps: int, world_size: int, batch_size: int
+) -> np.ndarray:
+    """Samples stay on their rank, so only per-rank sums are needed: UIH lengths
+    and candidate counts are drawn per sample (L² is where the imbalance is),
+    in chunks of steps to bound memory; a rank's content total, a sum of N_r
+    uniform draws on [0, max_content], is drawn as one normal with that sum's
+    exact mean and variance (N_r is a few hundred: the normal is exact enough,
+    and drawing every candidate would dominate the run time)."""
+    out = np.empty((steps, world_size, NUM_FEATURES))
+    chunk = max(1, 4_000_000 // (world_size * batch_size))
+    m = spec.max_content
+    for start in range(0, steps, chunk):
+        k = min(chunk, steps - start)
+        shape = (k, world_size, batch_size)
+        raw = np.exp(math.log(spec.median) + spec.sigma * rng.standard_normal(shape))
+        uih = np.minimum(np.clip(np.round(raw), 0, spec.cap), spec.max_uih)
+        ncand = rng.integers(1, spec.max_candidates + 1, shape).sum(axis=2, dtype=np.float64)
+        mean, var = ncand * m / 2.0, ncand * ((m + 1) ** 2 - 1) / 12.0
+        content = np.maximum(0.0, np.round(mean + np.sqrt(var) * rng.standard_normal(mean.shape)))
+        block = out[start : start + k]
+        block[..., 0] = batch_size
+        block[..., 1] = uih.sum(axis=2)
+        block[..., 2] = np.square(uih).sum(axis=2)
+        block[..., 3] = ncand
+        block[..., 4] = content
     return out

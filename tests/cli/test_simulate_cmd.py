@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 
 from freescale.cli.main import main
@@ -39,3 +40,47 @@ def test_simulate_rejects_bad_arguments(capsys):
     assert main(["simulate", "--modes", "async", *SMALL]) == 2
     with pytest.raises(SystemExit):
         main(["simulate", "--steps", "x"])
+
+
+def test_calibrate_then_simulate_end_to_end(tmp_path, capsys):
+    """freescale calibrate on step logs with rank_features, then freescale
+    simulate --calibration with the file it wrote; both on the CPU in seconds."""
+    rng = np.random.default_rng(0)
+    logs = []
+    for w in (1, 2):
+        lines = []
+        for step in range(14):
+            feats = [
+                [8.0, rng.uniform(1e3, 4e3), rng.uniform(1e6, 1e7), 20.0, 30.0] for _ in range(w)
+            ]
+            compute = [5.0 + 1e-3 * f[1] + 1e-7 * f[2] + rng.normal(0, 0.05) for f in feats]
+            lines.append({"step": step, "compute_ms": compute, "rank_features": feats,
+                          "exposed_comm_ms": {"ids_a2a": 0.1 * w, "emb_a2a": 0.3 * w},
+                          "step_ms": max(compute) + 0.5, "items": 1})  # fmt: skip
+        path = tmp_path / f"w{w}.jsonl"
+        path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+        logs.append(str(path))
+    cal = tmp_path / "cal.json"
+    assert main(["calibrate", *logs, "--warmup", "2", "--out", str(cal)]) == 0
+    fitted = json.loads(cal.read_text())
+    assert fitted["compute"]["b"] == pytest.approx(1e-3, rel=0.1)
+    assert fitted["compute"]["c"] == pytest.approx(1e-7, rel=0.1)
+    assert fitted["fixed_ms"]["emb"] == pytest.approx(0.3)
+    capsys.readouterr()
+    out_json = tmp_path / "rows.json"
+    argv = ["simulate", "--calibration", str(cal), "--world-sizes", "8,16", "--modes",
+            "sync,freescale", "--json-out", str(out_json), *SMALL]  # fmt: skip
+    assert main(argv) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert "cal.json" in result["calibration"]
+    assert json.loads(out_json.read_text()) == result
+    for r in result["rows"]:  # the W = 1 fixed exposure is in every step
+        assert r["emb_ms"] >= 0.3 - 1e-9 or r["mode"] == "freescale"
+
+
+def test_calibrate_refuses_logs_without_rank_features(tmp_path, capsys):
+    path = tmp_path / "old.jsonl"
+    path.write_text(json.dumps({"step": 0, "compute_ms": [1.0]}) + "\n")
+    assert main(["calibrate", str(path), "--warmup", "0", "--out", str(tmp_path / "c.json")]) == 2
+    assert "rank_features" in capsys.readouterr().err
+    assert main(["simulate", "--calibration", str(tmp_path / "missing.json"), *SMALL]) == 2

@@ -75,5 +75,16 @@ def test_synthetic_features_with_assign():
     assert calls == [0, 1, 2]
     np.testing.assert_allclose(f[:, 1], 0.0)
     np.testing.assert_allclose(f[:, 0, 0], 8.0)
-    plain = synthetic_features(spec, 3, 2, 4, seed=0)
-    np.testing.assert_allclose(plain.sum(axis=1), f.sum(axis=1))
+    stay = synthetic_features(spec, 3, 2, 4, seed=0, assign=lambda lengths, step: None)
+    np.testing.assert_allclose(stay.sum(axis=1), f.sum(axis=1))
+
+
+def test_vectorized_unbalanced_features_match_the_per_step_draws_in_distribution():
+    # Different random streams, same law: per-rank means and spreads agree.
+    spec = LengthSpec(median=300, sigma=0.8, cap=900, max_uih=700, max_candidates=5, max_content=3)
+    fast = synthetic_features(spec, 3000, 2, 16, seed=1)
+    slow = synthetic_features(spec, 3000, 2, 16, seed=2, assign=lambda lengths, step: None)
+    np.testing.assert_allclose(fast[..., 0], 16.0)
+    np.testing.assert_allclose(fast.mean(axis=(0, 1)), slow.mean(axis=(0, 1)), rtol=0.02)
+    np.testing.assert_allclose(fast.std(axis=(0, 1))[1:], slow.std(axis=(0, 1))[1:], rtol=0.06)
+    assert fast[..., 1].max() <= 16 * 700 and np.all(fast[..., 4] >= 0)

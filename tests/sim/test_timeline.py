@@ -138,3 +138,44 @@ def test_invalid_inputs_raise():
         simulate(np.zeros((2, 5)), UNIT, SimConfig())
     with pytest.raises(ValueError, match="collision_share"):
         SimConfig(collision_share=1.5)
+
+
+def test_forward_barrier_pays_each_phase_slowest_rank():
+    # f = 0.5, no jitter: rank 0 computes 100 (fwd 50, bwd 50), rank 1 80 (40, 40);
+    # phases share the slowest rank, so the step is still 100 + fixed; the fast
+    # rank waits 10 at the forward barrier (meta) and 10 at the gradient AllToAll.
+    cfg = SimConfig(intra=FREE, forward_fraction=0.5, forward_barrier=True)
+    out = simulate(world([[100.0, 80.0]]), UNIT, cfg)
+    assert out.step_ms[0] == pytest.approx(100.0)
+    np.testing.assert_allclose(out.rank_exposed_ms("meta")[0], [0.0, 10.0])
+    np.testing.assert_allclose(out.rank_exposed_ms("grad")[0], [0.0, 10.0])
+    assert out.exposed_ms["meta"][0] == pytest.approx(5.0)
+    assert out.straggler_pct[0] == pytest.approx(10.0)
+
+
+def test_forward_barrier_with_jitter_costs_max_fwd_plus_max_bwd():
+    model = ComputeModel(a=0.0, s=1.0, b=0.0, c=0.0, d=0.0, e=0.0, jitter_sigma=0.3)
+    f = world(np.full((500, 4), 100.0))
+    cfg = SimConfig(intra=FREE, forward_barrier=True)
+    out = simulate(f, model, cfg, seed=5)
+    # step = max fwd + max bwd >= max (fwd + bwd), strictly with independent draws
+    assert np.all(out.step_ms >= out.compute_ms.max(axis=1) - 1e-9)
+    assert np.mean(out.step_ms > out.compute_ms.max(axis=1) + 1e-6) > 0.5
+    total = sum(out.rank_exposed_ms(c) for c in ("ids", "emb", "grad", "dense", "meta"))
+    np.testing.assert_allclose(out.compute_ms + total, out.step_ms[:, None].repeat(4, axis=1))
+    # the phase sigmas are scaled so the total's spread stays about sigma
+    ratio = np.log(out.compute_ms / 100.0)
+    assert ratio.std() == pytest.approx(0.3, rel=0.1)
+
+
+def test_fixed_ms_adds_to_every_rank_and_the_step():
+    cfg = SimConfig(intra=FREE, fixed_ms={"emb": 0.5, "meta": 1.5})
+    out = simulate(world([[100.0, 80.0]]), UNIT, cfg)
+    assert out.step_ms[0] == pytest.approx(102.0)
+    assert out.exposed_ms["emb"][0] == pytest.approx(0.5)
+    assert out.exposed_ms["meta"][0] == pytest.approx(1.5)
+    assert out.exposed_ms["grad"][0] == pytest.approx(10.0)
+    with pytest.raises(ValueError, match="fixed_ms"):
+        SimConfig(fixed_ms={"bogus": 1.0})
+    with pytest.raises(ValueError, match="fixed_ms"):
+        SimConfig(fixed_ms={"ids": -1.0})
