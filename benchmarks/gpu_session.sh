@@ -102,6 +102,22 @@ PY
       python3 -m freescale.cli.main trace "$out/fs-trace.json.gz" 2>&1 | head -24
       timeout 120 python3 benchmarks/collision.py --preset h200-21k --batch 64 \
         --out "$out/collision-1xH200" 2>&1 | tail -7 ;;
+    nonfinite)  # issue 13 point 3 on one GPU: the guard's parity, a blow-up, its cost
+      timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/embedding/test_nonfinite.py \
+        tests/kernels/test_update.py 2>&1 | tail -3 || status=1
+      start=$(date +%s)
+      timeout 200 python3 -m freescale.cli.main train --preset h200-8k --set nproc=1 \
+        --set steps=30 --set warmup=2 --set batch_size=16 --set dense_lr=1e30 --set emb_lr=1e30 \
+        2>&1 | grep -E "error|Error" | tail -2
+      echo "blow-up run ended after $(( $(date +%s) - start )) s (startup included)"
+      for mode in sync freescale; do
+        timeout 200 python3 -m freescale.cli.main train --preset h200-21k --set nproc=1 \
+          --set steps=20 --set warmup=8 --set batch_size=64 --set progress=false --mode $mode \
+          2>&1 | tail -1 > "$out/nf-$mode.json"
+      done
+      step=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['step_ms'])" "$out/nf-sync.json")
+      timeout 200 python3 benchmarks/nonfinite_cost.py --preset h200-21k --batch 64 \
+        --step-ms "$step" --out "$out/nonfinite-cost-1xH200" 2>&1 | tail -9 ;;
     smfree1)  # issue 12 on one GPU: processes sharing it
       timeout 300 python3 -m pytest -q -p no:cacheprovider tests/comm/test_smfree_gpu.py 2>&1 \
         | tail -5 || status=1

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from freescale.comm import TorchCommunicator
 from freescale.jagged import JaggedTensor
@@ -29,6 +30,7 @@ POISONS = ("loss", "gradient")
 
 
 def _train(comm, opt: str, prioritized: bool, steps: list[int], poison: str | None) -> dict:
+    bad_rank = min(BAD_RANK, comm.world_size - 1)
     batches = designed_batches(0.5, steps=STEPS)
     coll = make_collection(comm, opt, PLANS[comm.world_size])
     coll.set_prioritized(prioritized)
@@ -44,7 +46,7 @@ def _train(comm, opt: str, prioritized: bool, steps: list[int], poison: str | No
             coll.prefetch(local[steps[i + 1]][0])
         features, id_weights = local[step]
         outputs = coll(features)
-        bad_here = poison and step == BAD and comm.rank == BAD_RANK
+        bad_here = poison and step == BAD and comm.rank == bad_rank
         if bad_here and poison == "gradient":  # a finite loss, Inf gradients
             for out in outputs.values():
                 emb = out.values if isinstance(out, JaggedTensor) else out
@@ -59,8 +61,11 @@ def _train(comm, opt: str, prioritized: bool, steps: list[int], poison: str | No
     return {"tables": snapshot(coll), "flags": flags, "losses": losses}
 
 
-def _rank(world_size: int, opt: str, prioritized: bool) -> dict:
+def _rank(world_size: int, opt: str, prioritized: bool, device: str = "cpu") -> dict:
     comm = TorchCommunicator()
+    if device == "cuda":
+        torch.cuda.set_device(dist.get_rank() % torch.cuda.device_count())
+        comm = TorchCommunicator(group=dist.new_group(backend="nccl"), device="cuda")
     clean = [s for s in range(STEPS) if s != BAD]
     out = {"clean": _train(comm, opt, prioritized, clean, None)}
     for poison in POISONS:
@@ -71,7 +76,19 @@ def _rank(world_size: int, opt: str, prioritized: bool) -> dict:
 @pytest.mark.parametrize("prioritized", [False, True], ids=["sync", "prioritized"])
 @pytest.mark.parametrize("opt", ["sgd", "adagrad", "adam"])
 def test_a_poisoned_step_changes_nothing_on_any_rank(opt, prioritized):
-    per_rank = run_ranks(_rank, 2, 2, opt, prioritized, timeout=240)
+    _check(run_ranks(_rank, 2, 2, opt, prioritized, timeout=240))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("prioritized", [False, True], ids=["sync", "prioritized"])
+def test_a_poisoned_step_changes_nothing_on_cuda(prioritized):
+    """The Triton update and NCCL: the flag is read on the device only."""
+    world_size = 2 if torch.cuda.device_count() >= 2 else 1
+    _check(run_ranks(_rank, world_size, world_size, "adam", prioritized, "cuda", timeout=300))
+
+
+def _check(per_rank: list[dict]) -> None:
     for r in per_rank:
         for poison in POISONS:
             run, clean = r[poison], r["clean"]
