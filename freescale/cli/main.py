@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from freescale.cli import data_cmd, report_cmd, simulate_cmd, trace_cmd, train_cmd
+from freescale.cli import data_cmd, eval_cmd, report_cmd, simulate_cmd, trace_cmd, train_cmd
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -15,6 +15,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     train_cmd.register(sub)
+    eval_cmd.register(sub)
     data_cmd.register(sub)
     report_cmd.register(sub)
     trace_cmd.register(sub)
