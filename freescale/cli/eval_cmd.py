@@ -28,15 +28,18 @@ def run_eval(args: argparse.Namespace) -> int:
     manifest = read_manifest(found)
     known = {f.name for f in fields(TrainConfig)}
     saved = {k: v for k, v in manifest["config"].items() if k in known}
-    # steps = the checkpoint's next step: the run restores and goes straight to evaluation
     cfg = replace(
         TrainConfig(),
-        **{**saved, "resume": str(found), "steps": manifest["step"], "warmup": 0},
-        checkpoint_dir="",
-        checkpoint_every=0,
-        metrics_path="",
-        trace_path="",
-        progress=False,
+        **{
+            **saved,
+            "resume": str(found),
+            "eval_only": True,
+            "checkpoint_dir": "",
+            "checkpoint_every": 0,
+            "metrics_path": "",
+            "trace_path": "",
+            "progress": False,
+        },
     )
     from freescale.pipeline.checks import check_launch
     from freescale.pipeline.launch import launch

@@ -83,7 +83,7 @@ def check_resumable(resume: str, config: dict[str, Any], world: int) -> Path:
         raise ValueError(
             f"resume: {found} was written by {manifest['world_size']} ranks, not {world}"
         )
-    if manifest["step"] >= config["steps"]:
+    if manifest["step"] >= config["steps"] and not config.get("eval_only"):
         raise ValueError(f"resume: {found} is at step {manifest['step']}; steps={config['steps']}")
     return found
 

@@ -90,6 +90,7 @@ class TrainConfig:
     checkpoint_keep: int = 2  # newest complete checkpoints kept
     resume: str = ""  # a checkpoint, or a checkpoint_dir (its newest); empty = start at 0
     timeout_s: float = 300.0  # collective timeout: a stuck rank fails the run after this
+    eval_only: bool = False  # `freescale eval`: restore ``resume``, evaluate, no training
 
     def __post_init__(self) -> None:
         _choice("mode", self.mode, MODES)

@@ -254,7 +254,7 @@ class Trainer:
     def run(self) -> dict[str, Any] | None:
         try:
             first = self.restore()
-            if first >= self.cfg.steps:  # `freescale eval`: the restored model, no training
+            if self.cfg.eval_only:  # `freescale eval`: the restored model, no training
                 final = self.final_eval() or {"heldout": self.evaluate()}
                 return {"step": first, "eval": final} if self.rank == 0 else None
             return self._run_from(first)
