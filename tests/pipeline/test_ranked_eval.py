@@ -89,3 +89,17 @@ def test_train_summary_has_split_metrics_and_eval_reloads_the_checkpoint(tmp_pat
     again = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert again["command"] == "eval" and again["step"] == 6
     assert again["eval"]["test"] == pytest.approx(final["test"], rel=1e-6)
+
+
+def test_movielens_top_rating_fits_the_action_table(tmp_path, capsys):
+    """Rating 5 is action 10: the model's action table comes from the data (was 4 rows)."""
+    from freescale.cli.main import main
+
+    path = tmp_path / "ratings.dat"
+    path.write_text(
+        "".join(f"{u}::{(u * 7 + k) % 50 + 1}::5::{k}\n" for u in range(1, 30) for k in range(6))
+    )
+    args = ["train", "--set", f"data=movielens:{path}", "--set", "steps=3", "--set", "warmup=1"]
+    assert main([*args, "--set", "batch_size=4", "--set", "progress=false"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["eval"]["test"]["users"] == 29
