@@ -58,7 +58,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--world-size", type=positive_int, default=8, help="ranks forming one global batch"
     )
     stats.add_argument(
-        "--steps", type=positive_int, default=8, help="consecutive global batches to measure"
+        "--steps",
+        type=positive_int,
+        default=None,
+        help="consecutive global batches to measure (default: synthetic 8, a file all of it)",
     )
     stats.add_argument(
         "--shards",
@@ -97,32 +100,54 @@ def run_stats(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     source = open_source(
-        args.source, synthetic, SequenceSampling(max_uih=max(args.max_uih), seed=args.seed)
+        args.source,
+        synthetic,
+        # file data in the order training reads it (its default shuffled epochs)
+        SequenceSampling(max_uih=max(args.max_uih), shuffle=True, seed=args.seed),
     )
-    steps = args.steps
-    available = source.num_steps(args.world_size, max(args.batch_size))
-    if available is not None:
-        if available < 2:
-            raise ValueError(
-                f"{args.source} holds {available} global batches of "
-                f"{args.world_size}x{max(args.batch_size)}; need at least 2"
-            )
-        steps = min(steps, available)
+    file_data = hasattr(source, "steps_per_epoch")
+    steps, coverage = {}, {}
+    for b in args.batch_size:
+        steps[b] = args.steps or 8
+        if file_data:  # one pass over the training samples, or less if --steps says so
+            available = source.steps_per_epoch(args.world_size, b)
+            if available < 2:
+                raise ValueError(
+                    f"{args.source} holds {len(source)} training samples = {available} global "
+                    f"batches of {args.world_size}x{b}; need at least 2"
+                )
+            steps[b] = min(args.steps or available, available)
+            read = steps[b] * args.world_size * b
+            coverage[b] = {"samples_read": read, "fraction_read": read / len(source)}
     shards = args.shards or args.world_size
     start = time.perf_counter()
     rows = collect_stats(source, args.max_uih, args.batch_size, args.world_size, steps, shards)
     print(
-        f"data: {args.source}  world_size={args.world_size}  shards={shards}  steps={steps}"
+        f"data: {args.source}  world_size={args.world_size}  shards={shards}"
         f"  ({time.perf_counter() - start:.1f} s)"
     )
-    print(format_table(rows))
     summary = {
         "command": "data stats",
         "source": args.source,
         "world_size": args.world_size,
         "shards": shards,
-        "steps": steps,
+        "steps": {str(b): n for b, n in steps.items()},
         "rows": rows_as_dicts(rows),
     }
+    if file_data:
+        counts = source.split_counts()
+        print(
+            f"users: {counts['users']}, {counts['users_dropped']} dropped as too short; "
+            f"{counts['train_samples']} training samples (leave-one-out split: the last two "
+            f"interactions of each user are held out)"
+        )
+        for b, c in coverage.items():
+            print(
+                f"batch {b}: read {c['samples_read']} of {len(source)} training samples "
+                f"({100 * c['fraction_read']:.2f}%)"
+                + ("" if c["fraction_read"] == 1 else ": the rest does not fill a global batch")
+            )
+        summary.update(split=counts, coverage={str(b): c for b, c in coverage.items()})
+    print(format_table(rows))
     print(json.dumps(summary))
     return 0

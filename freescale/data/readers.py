@@ -1,29 +1,40 @@
 """Readers for real interaction data: SASRec-style sequence files and MovieLens.
 
 Both produce a `SequenceDataset`: one chronological history per user, item
-ids remapped to ``[0, num_items)`` in order of first appearance.
+ids remapped to ``[0, num_items)`` in order of first appearance. Raw ids are
+parsed as integers (``10`` and ``010`` are one id); a sign, a non-ASCII
+digit or a byte that is not UTF-8 is an error naming the file and line.
+The action count comes from the data (largest action + 1), so the model's
+action table can never be too small for it.
 """
 
 from __future__ import annotations
 
 import csv
+import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+# MovieLens ratings: 0.5 to 5 stars in half-star steps (ml-latest); ml-1m/10m use
+# whole stars. The action is the rating in half stars, 1..10, so no rating is lost.
+RATING_RANGE = (0.5, 5.0)
+
 
 class DataFormatError(ValueError):
-    """A malformed input line; the message names the file and line number."""
+    """A malformed input; the message names the file and the line (or row)."""
 
-    def __init__(self, path: Path | str, line_no: int, why: str) -> None:
-        super().__init__(f"{path}:{line_no}: {why}")
+    def __init__(self, path: Path | str, where: int | str | None, why: str) -> None:
+        at = f":{where}" if isinstance(where, int) else f": {where}" if where else ""
+        super().__init__(f"{path}{at}: {why}")
 
 
 @dataclass
 class UserHistory:
     items: np.ndarray  # int64, remapped item ids, chronological
-    actions: np.ndarray  # int64 (MovieLens: rating 1..5; SASRec: 0)
+    actions: np.ndarray  # int64 (MovieLens: rating in half stars 1..10; SASRec: 0)
     timestamps: np.ndarray  # int64 (SASRec: position in the file)
 
 
@@ -37,80 +48,116 @@ class SequenceDataset:
 
 class _Vocab:
     def __init__(self) -> None:
-        self.index: dict[str, int] = {}
+        self.index: dict[int, int] = {}
 
-    def __call__(self, raw: str) -> int:
+    def __call__(self, raw: int) -> int:
         return self.index.setdefault(raw, len(self.index))
+
+
+def check_file(path: str | Path) -> Path:
+    """``path`` as a Path if it is a readable file, else a one-line ValueError."""
+    path = Path(path)
+    if not path.exists():
+        raise DataFormatError(path, None, "no such file")
+    if path.is_dir():
+        raise DataFormatError(path, None, "is a directory, not a data file")
+    return path
+
+
+def text_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """``(line number, text)`` of a UTF-8 file (a leading byte-order mark is skipped);
+    bytes that are not UTF-8 raise a `DataFormatError` naming the line."""
+    with path.open("rb") as f:
+        for line_no, raw in enumerate(f, 1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                why = f"not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1})"
+                raise DataFormatError(path, line_no, why) from None
+            if line_no == 1:
+                text = text.removeprefix("\ufeff")
+            yield line_no, text
+
+
+def parse_id(path: Path, where: int | str, what: str, text: str) -> int:
+    """A non-negative integer written with ASCII digits only."""
+    if not (text.isascii() and text.isdigit()):
+        raise DataFormatError(path, where, f"{what} {text!r} is not a non-negative integer")
+    return int(text)
 
 
 def read_sasrec(path: str | Path) -> SequenceDataset:
     """A file of ``user item`` lines (whitespace separated), in chronological
     order per user (the format SASRec and its successors ship)."""
-    path = Path(path)
+    path = check_file(path)
     vocab, users = _Vocab(), {}
-    with path.open() as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            parts = line.split()
-            if len(parts) != 2:
-                raise DataFormatError(path, line_no, f"expected 'user item', got {line.strip()!r}")
-            user, item = parts
-            _check_int(path, line_no, "user", user)
-            _check_int(path, line_no, "item", item)
-            users.setdefault(user, []).append((vocab(item), 0, line_no))
-    return _dataset(users, len(vocab.index), 1, path.name)
+    for line_no, line in text_lines(path):
+        parts = line.split()
+        if not parts:
+            continue
+        if len(parts) != 2:
+            raise DataFormatError(path, line_no, f"expected 'user item', got {line.strip()!r}")
+        user = parse_id(path, line_no, "user", parts[0])
+        item = parse_id(path, line_no, "item", parts[1])
+        users.setdefault(user, []).append((vocab(item), 0, line_no))
+    return _dataset(users, len(vocab.index), path.name)
 
 
 def read_movielens(path: str | Path) -> SequenceDataset:
     """MovieLens ``ratings.dat`` (``user::movie::rating::timestamp``) or
     ``ratings.csv`` (header ``userId,movieId,rating,timestamp``).
-    Histories are sorted by timestamp (stable); the rating is the action."""
-    path = Path(path)
+    Histories are sorted by timestamp (stable); the action is the rating in
+    half stars (``RATING_RANGE`` is checked: 3.5 stars -> action 7)."""
+    path = check_file(path)
     vocab, users = _Vocab(), {}
-    with path.open(newline="") as f:
-        if path.suffix == ".csv":
-            rows = csv.reader(f)
-            header = next(rows, None)
-            if header is None or [h.strip() for h in header[:4]] != [
-                "userId",
-                "movieId",
-                "rating",
-                "timestamp",
-            ]:
-                raise DataFormatError(path, 1, f"expected the MovieLens csv header, got {header}")
-            records = ((n, r) for n, r in enumerate(rows, 2))
-        else:
-            records = ((n, line.rstrip("\n").split("::")) for n, line in enumerate(f, 1))
-        for line_no, fields in records:
-            if fields == [""] or not fields:
-                continue
-            if len(fields) != 4:
-                raise DataFormatError(path, line_no, f"expected 4 fields, got {len(fields)}")
-            user, item, rating, ts = (x.strip() for x in fields)
-            _check_int(path, line_no, "user", user)
-            _check_int(path, line_no, "movie", item)
-            _check_int(path, line_no, "timestamp", ts)
-            try:
-                action = round(float(rating))
-            except ValueError:
-                raise DataFormatError(path, line_no, f"rating {rating!r} is not a number") from None
-            users.setdefault(user, []).append((vocab(item), action, int(ts)))
+    lines = text_lines(path)
+    if path.suffix == ".csv":
+        header = next(lines, None)
+        fields = next(csv.reader([header[1]])) if header else None
+        if fields is None or [h.strip() for h in fields[:4]] != [
+            "userId",
+            "movieId",
+            "rating",
+            "timestamp",
+        ]:
+            raise DataFormatError(path, 1, f"expected the MovieLens csv header, got {fields}")
+        records = ((n, next(csv.reader([text]), [])) for n, text in lines)
+    else:
+        records = ((n, text.rstrip("\r\n").split("::")) for n, text in lines)
+    for line_no, fields in records:
+        if not fields or fields == [""]:
+            continue
+        if len(fields) != 4:
+            raise DataFormatError(path, line_no, f"expected 4 fields, got {len(fields)}")
+        user, item, rating, ts = (x.strip() for x in fields)
+        u = parse_id(path, line_no, "user", user)
+        i = parse_id(path, line_no, "movie", item)
+        t = parse_id(path, line_no, "timestamp", ts)
+        users.setdefault(u, []).append((vocab(i), rating_action(path, line_no, rating), t))
     for events in users.values():
         events.sort(key=lambda e: e[2])
-    return _dataset(users, len(vocab.index), 6, path.name)
+    return _dataset(users, len(vocab.index), path.name)
 
 
-def _check_int(path: Path, line_no: int, what: str, text: str) -> None:
-    if not text.lstrip("-").isdigit():
-        raise DataFormatError(path, line_no, f"{what} {text!r} is not an integer")
+def rating_action(path: Path, line_no: int, text: str) -> int:
+    """A star rating in ``RATING_RANGE`` (half-star steps) -> its action, in half stars."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise DataFormatError(path, line_no, f"rating {text!r} is not a number") from None
+    lo, hi = RATING_RANGE
+    half_stars = value * 2
+    if not math.isfinite(value) or not lo <= value <= hi or half_stars != round(half_stars):
+        raise DataFormatError(
+            path, line_no, f"rating {text!r} is not a star rating in {lo}..{hi} (half steps)"
+        )
+    return round(half_stars)
 
 
-def _dataset(
-    users: dict[str, list[tuple[int, int, int]]], num_items: int, num_actions: int, name: str
-) -> SequenceDataset:
-    histories = []
+def _dataset(users: dict[int, list[tuple[int, int, int]]], num_items: int, name: str):
+    histories, top_action = [], 0
     for events in users.values():
         arr = np.asarray(events, dtype=np.int64).reshape(-1, 3)
         histories.append(UserHistory(arr[:, 0].copy(), arr[:, 1].copy(), arr[:, 2].copy()))
-    return SequenceDataset(histories, num_items, num_actions, name)
+        top_action = max(top_action, int(arr[:, 1].max(initial=0)))
+    return SequenceDataset(histories, num_items, top_action + 1, name)

@@ -1,7 +1,21 @@
-"""Turn user histories into training samples (UIH prefix -> next items)."""
+"""Turn user histories into samples: a leave-one-out split, training targets, epochs.
+
+The split (the protocol of SASRec and its successors): per user, the last
+interaction is the test target, the one before it the validation target,
+and training targets come only from the earlier prefix, so no held-out
+interaction is ever a training input or target. Users with fewer than
+``holdout + 1`` interactions have nothing to evaluate and are dropped.
+
+Training order: position ``p`` of the stream is sample ``p mod N`` of epoch
+``p // N`` (N training samples), through a permutation seeded by (seed,
+epoch) when shuffling. Global step ``s`` reads positions
+``[s * W * B, (s + 1) * W * B)`` and every sample is a pure function of
+(seed, p): any world size, sharded or not, sees the same global batches.
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -11,17 +25,25 @@ from freescale.data.readers import SequenceDataset
 from freescale.data.synthetic import RawSample, samples_to_batch
 from freescale.jagged.batch import SampleBatch
 
+SPLITS = ("valid", "test")
+EVAL_SEED = 0x5A5  # evaluation negatives: the same for every run, whatever its seed
+
 
 @dataclass(frozen=True)
 class SequenceSampling:
-    """How a history of length n becomes samples.
+    """How histories become samples.
 
-    Split point t: UIH = the (at most ``max_uih``) items before t, candidates =
-    the ``num_positives`` items from t on (label 1) plus ``num_negatives``
-    items drawn uniformly from the vocabulary (label 0; an accidental hit on
-    a real next item is kept as a negative, as in the usual sampled-softmax
-    set-up), shuffled. Each user gives up to ``samples_per_user`` split points,
-    the last one at ``n - num_positives``, then every ``stride`` items earlier.
+    Training sample at target position t: UIH = the (at most ``max_uih``)
+    items before t; candidates = the ``num_positives`` items from t on
+    (label 1) plus ``num_negatives`` items drawn uniformly from the
+    vocabulary (label 0; an accidental hit on a real next item stays a
+    negative, as in the usual sampled-softmax set-up), shuffled. Targets per
+    user: the last allowed one, then every ``stride`` items earlier, at most
+    ``samples_per_user`` of them (0: all the way to the first item).
+
+    Evaluation sample of a split: UIH = the items before its target;
+    candidates = the target plus ``eval_negatives`` distinct items the user
+    never interacted with, drawn with a fixed seed (``EVAL_SEED``).
     """
 
     max_uih: int = 200
@@ -29,75 +51,173 @@ class SequenceSampling:
     num_negatives: int = 4
     samples_per_user: int = 1
     stride: int = 1
+    holdout: int = 2  # 2: leave-one-out validation + test; 0: train on whole histories
+    shuffle: bool = False
+    eval_negatives: int = 100
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.max_uih < 0 or self.num_negatives < 0:
-            raise ValueError("max_uih and num_negatives must be >= 0")
-        if self.num_positives < 1 or self.samples_per_user < 1 or self.stride < 1:
-            raise ValueError("num_positives, samples_per_user and stride must be >= 1")
+        if self.max_uih < 1:
+            raise ValueError(f"max_uih must be >= 1, got {self.max_uih}")
+        if self.num_negatives < 0 or self.samples_per_user < 0:
+            raise ValueError("num_negatives and samples_per_user must be >= 0")
+        if self.num_positives < 1 or self.stride < 1 or self.eval_negatives < 1:
+            raise ValueError("num_positives, stride and eval_negatives must be >= 1")
+        if self.holdout not in (0, 2):
+            raise ValueError(
+                f"holdout must be 0 (no split) or 2 (leave-one-out), got {self.holdout}"
+            )
 
 
 class SequenceSource:
-    """A finite `DataSource` over a `SequenceDataset`.
-
-    Samples are ordered by the time of their first candidate (temporal order),
-    ties broken by user; global step s covers samples
-    ``[s * W * B, (s + 1) * W * B)`` and an incomplete last global batch is dropped.
-    """
+    """A `DataSource` over a `SequenceDataset`, cycling through epochs."""
 
     def __init__(self, dataset: SequenceDataset, sampling: SequenceSampling | None = None):
         self.dataset = dataset
-        self.sampling = sampling or SequenceSampling()
+        self.sampling = s = sampling or SequenceSampling()
         self.num_items = dataset.num_items
-        s = self.sampling
+        self.num_actions = dataset.num_actions
         index = []
+        self.eval_users: list[int] = []
+        self.users_dropped = 0  # too short for any training or evaluation sample
         for u, h in enumerate(dataset.users):
             n = h.items.size
-            for k in range(s.samples_per_user):
-                t = n - s.num_positives - k * s.stride
-                if t < 1:
-                    break
-                index.append((int(h.timestamps[t]), u, t))
+            evaluated = bool(s.holdout) and n >= s.holdout + 1
+            if evaluated:
+                self.eval_users.append(u)
+            targets = range(n - s.holdout - s.num_positives, 0, -s.stride)
+            if s.samples_per_user:
+                targets = targets[: s.samples_per_user]
+            index += [(int(h.timestamps[t]), u, t) for t in targets]
+            self.users_dropped += not (evaluated or len(targets))
         index.sort()
-        self.index = [(u, t) for _, u, t in index]
+        self.index = np.array([(u, t) for _, u, t in index], dtype=np.int64).reshape(-1, 2)
+        self._order_cache: tuple[int, np.ndarray | None] = (-1, None)
 
     def __len__(self) -> int:
         return len(self.index)
 
-    def num_steps(self, world_size: int, batch_size: int) -> int:
+    def num_steps(self, world_size: int, batch_size: int) -> int | None:
+        return None  # epochs repeat: any number of steps
+
+    def steps_per_epoch(self, world_size: int, batch_size: int) -> int:
+        """Whole global batches in one pass over the training samples."""
         return len(self.index) // max(world_size * batch_size, 1)
 
-    def raw_sample(self, g: int, max_uih: int | None = None) -> RawSample:
+    def split_counts(self) -> dict[str, int]:
+        return {
+            "users": len(self.dataset.users),
+            "eval_users": len(self.eval_users),
+            "train_samples": len(self.index),
+            "users_dropped": self.users_dropped,
+        }
+
+    # ---- training ----------------------------------------------------------
+    def _order(self, epoch: int) -> np.ndarray | None:
+        if not self.sampling.shuffle:
+            return None
+        if self._order_cache[0] != epoch:  # positions are read in order: one epoch at a time
+            rng = np.random.default_rng([self.sampling.seed, 0xE90C, epoch])
+            self._order_cache = (epoch, rng.permutation(len(self)))
+        return self._order_cache[1]
+
+    def sample_at(self, p: int) -> tuple[int, int]:
+        """(user, target) at stream position ``p``."""
+        epoch, k = divmod(p, len(self.index))
+        order = self._order(epoch)
+        return tuple(self.index[k if order is None else order[k]].tolist())
+
+    def raw_sample(self, p: int, max_uih: int | None = None) -> RawSample:
         s = self.sampling
-        u, t = self.index[g]
+        u, t = self.sample_at(p)
         h = self.dataset.users[u]
         lo = max(0, t - (s.max_uih if max_uih is None else max_uih))
-        rng = np.random.default_rng([s.seed, g])
+        rng = np.random.default_rng([s.seed, p])
         pos = h.items[t : t + s.num_positives]
         neg = rng.integers(0, self.num_items, s.num_negatives)
         order = rng.permutation(pos.size + neg.size)
         cand = np.concatenate([pos, neg])[order]
         labels = np.concatenate([np.ones(pos.size), np.zeros(neg.size)])[order]
-        return RawSample(
-            uih_ids=h.items[lo:t],
-            actions=h.actions[lo:t],
-            timestamps=h.timestamps[lo:t],
-            cand_ids=cand.astype(np.int64),
-            labels=labels.astype(np.float32),
-            content_lengths=np.zeros(cand.size, dtype=np.int64),
-            content_ids=np.zeros(0, dtype=np.int64),
-            dense=np.zeros(0, dtype=np.float32),
-        )
+        return _raw(h, lo, t, cand, labels)
 
     def batch(self, step: int, rank: int, world_size: int, batch_size: int) -> SampleBatch:
-        if not 0 <= step < self.num_steps(world_size, batch_size) or not 0 <= rank < world_size:
+        if step < 0 or not 0 <= rank < world_size or batch_size < 0 or not len(self):
             raise ValueError(
                 f"step {step} rank {rank}/{world_size} is outside this dataset "
-                f"({self.num_steps(world_size, batch_size)} steps of {world_size}x{batch_size})"
+                f"({len(self)} training samples)"
             )
         first = (step * world_size + rank) * batch_size
         ids = torch.arange(first, first + batch_size, dtype=torch.int64)
         return samples_to_batch(
-            [self.raw_sample(g) for g in range(first, first + batch_size)], ids, 0
+            [self.raw_sample(p) for p in range(first, first + batch_size)], ids, 0
         )
+
+    # ---- evaluation --------------------------------------------------------
+    def eval_steps(self, world_size: int, batch_size: int) -> int:
+        """Global evaluation batches that hold every evaluated user once."""
+        return math.ceil(len(self.eval_users) / max(world_size * batch_size, 1))
+
+    def eval_target(self, split: str, j: int) -> tuple[int, int]:
+        """(user, target position) of evaluated user ``j`` in ``split``."""
+        u = self.eval_users[j]
+        n = self.dataset.users[u].items.size
+        return u, n - self.sampling.holdout + SPLITS.index(split)
+
+    def eval_sample(self, split: str, j: int) -> RawSample:
+        u, t = self.eval_target(split, j)
+        h = self.dataset.users[u]
+        lo = max(0, t - self.sampling.max_uih)
+        rng = np.random.default_rng([EVAL_SEED, SPLITS.index(split), j])
+        neg = eval_negatives(rng, h.items, self.num_items, self.sampling.eval_negatives)
+        cand = np.concatenate([h.items[t : t + 1], neg])
+        labels = np.zeros(cand.size)
+        labels[0] = 1.0
+        return _raw(h, lo, t, cand, labels)
+
+    def eval_batch(
+        self, split: str, step: int, rank: int, world_size: int, batch_size: int
+    ) -> SampleBatch:
+        """Rank ``rank``'s users of evaluation step ``step`` (empty past the last user)."""
+        if split not in SPLITS or not self.sampling.holdout:
+            raise ValueError(f"no {split!r} split (holdout={self.sampling.holdout})")
+        first = (step * world_size + rank) * batch_size
+        last = min(first + batch_size, len(self.eval_users))
+        ids = torch.arange(first, max(first, last), dtype=torch.int64)
+        return samples_to_batch([self.eval_sample(split, j) for j in ids.tolist()], ids, 0)
+
+    def popularity(self) -> np.ndarray:
+        """Interactions per item over the training part of every history."""
+        counts = np.zeros(self.num_items, dtype=np.int64)
+        for h in self.dataset.users:
+            np.add.at(counts, h.items[: max(h.items.size - self.sampling.holdout, 0)], 1)
+        return counts
+
+
+def eval_negatives(
+    rng: np.random.Generator, history: np.ndarray, num_items: int, count: int
+) -> np.ndarray:
+    """``count`` distinct items not in ``history`` (all of them if fewer exist)."""
+    seen = np.unique(history)
+    if num_items - seen.size <= count:
+        return np.setdiff1d(np.arange(num_items), seen)
+    picked = np.zeros(0, dtype=np.int64)
+    while picked.size < count:
+        draw = rng.integers(0, num_items, 2 * count + 8)
+        draw = draw[~np.isin(draw, seen)]
+        both = np.concatenate([picked, draw])
+        _, first = np.unique(both, return_index=True)
+        picked = both[np.sort(first)]
+    return picked[:count]
+
+
+def _raw(h, lo: int, t: int, cand: np.ndarray, labels: np.ndarray) -> RawSample:
+    return RawSample(
+        uih_ids=h.items[lo:t],
+        actions=h.actions[lo:t],
+        timestamps=h.timestamps[lo:t],
+        cand_ids=cand.astype(np.int64),
+        labels=labels.astype(np.float32),
+        content_lengths=np.zeros(cand.size, dtype=np.int64),
+        content_ids=np.zeros(0, dtype=np.int64),
+        dense=np.zeros(0, dtype=np.float32),
+    )

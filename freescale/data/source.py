@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Protocol
 
+from freescale.data.columnar import read_columns
 from freescale.data.readers import read_movielens, read_sasrec
 from freescale.data.sequences import SequenceSampling, SequenceSource
 from freescale.data.synthetic import SyntheticConfig, SyntheticSource
 from freescale.jagged.batch import SampleBatch
+
+READERS = {
+    "sasrec": read_sasrec,
+    "movielens": read_movielens,
+    "parquet": partial(read_columns, fmt="parquet"),
+    "csv": partial(read_columns, fmt="csv"),
+}
+FILE_SPECS = ", ".join(f"'{k}:PATH'" for k in READERS)
 
 
 class DataSource(Protocol):
@@ -15,6 +25,7 @@ class DataSource(Protocol):
     global step ``s``; sources are deterministic so no rank needs another's data."""
 
     num_items: int
+    num_actions: int
 
     def batch(self, step: int, rank: int, world_size: int, batch_size: int) -> SampleBatch: ...
 
@@ -26,13 +37,11 @@ def open_source(
     synthetic: SyntheticConfig | None = None,
     sampling: SequenceSampling | None = None,
 ) -> DataSource:
-    """``synthetic`` | ``sasrec:PATH`` | ``movielens:PATH`` (ratings.dat or .csv)."""
+    """``synthetic`` | ``sasrec:PATH`` | ``movielens:PATH`` (ratings.dat or .csv) |
+    ``parquet:PATH`` | ``csv:PATH`` (one row per user with list columns; needs pyarrow)."""
     kind, _, path = spec.partition(":")
     if kind == "synthetic" and not path:
         return SyntheticSource(synthetic)
-    if kind in ("sasrec", "movielens") and path:
-        reader = read_sasrec if kind == "sasrec" else read_movielens
-        return SequenceSource(reader(path), sampling)
-    raise ValueError(
-        f"unknown data source {spec!r}: use 'synthetic', 'sasrec:PATH' or 'movielens:PATH'"
-    )
+    if kind in READERS and path:
+        return SequenceSource(READERS[kind](path), sampling)
+    raise ValueError(f"unknown data source {spec!r}: use 'synthetic' or one of {FILE_SPECS}")

@@ -67,16 +67,19 @@ def collect_stats(
     max_uih_list: list[int],
     batch_sizes: list[int],
     world_size: int,
-    steps: int,
+    steps: int | dict[int, int],
     num_shards: int,
     progress: Callable[[str], None] | None = None,
 ) -> list[StatsRow]:
-    """Statistics of ``steps`` global batches of ``source`` per (batch size, max UIH).
+    """Statistics of ``steps`` global batches of ``source`` per (batch size, max UIH);
+    ``steps`` may differ per batch size (a dict), e.g. a whole file at each.
 
     Each sample is drawn once at the largest max UIH and truncated to the
-    smaller ones (keeping its most recent items), as a trainer would.
+    smaller ones (keeping its most recent items), as a trainer would. A row
+    depends only on its own batch size and max UIH, never on the others asked for.
     """
-    if steps < 2:
+    steps_of = steps if isinstance(steps, dict) else dict.fromkeys(batch_sizes, steps)
+    if min(steps_of[b] for b in batch_sizes) < 2:
         raise ValueError("collision statistics need at least 2 steps")
     if not max_uih_list or min(max_uih_list) < 1 or not batch_sizes or min(batch_sizes) < 1:
         raise ValueError("max UIH lengths and batch sizes must be >= 1")
@@ -85,8 +88,8 @@ def collect_stats(
     rows: list[StatsRow] = []
     for b in batch_sizes:
         per_step = []
-        for step in range(steps):
-            say(f"  batch {b}: generating global step {step + 1}/{steps} ({world_size} ranks)")
+        for step in range(steps_of[b]):
+            say(f"  batch {b}: global step {step + 1}/{steps_of[b]} ({world_size} ranks)")
             first = step * world_size * b
             per_step.append(
                 [source.raw_sample(g, top) for g in range(first, first + world_size * b)]

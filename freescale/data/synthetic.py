@@ -117,6 +117,7 @@ class SyntheticSource:
     def __init__(self, config: SyntheticConfig | None = None) -> None:
         self.config = config or SyntheticConfig()
         self.num_items = self.config.num_items
+        self.num_actions = self.config.num_actions
         self.scramble = IdScramble.make(self.config.num_items, self.config.seed)
         self.truth = GroundTruth(self.config)
 

@@ -49,6 +49,7 @@ SAME_RUN_KEYS = (
     "nproc", "batch_size", "seed", "data", "num_items", "max_uih", "length_median",
     "length_sigma", "length_cap", "zipf_alpha", "step_overlap", "max_candidates",
     "max_content", "dim", "item_dim", "heads", "layers", "emb_optimizer", "assignment",
+    "samples_per_user", "target_stride", "shuffle",
 )  # fmt: skip
 
 
@@ -82,7 +83,7 @@ def check_resumable(resume: str, config: dict[str, Any], world: int) -> Path:
         raise ValueError(
             f"resume: {found} was written by {manifest['world_size']} ranks, not {world}"
         )
-    if manifest["step"] >= config["steps"]:
+    if manifest["step"] >= config["steps"] and not config.get("eval_only"):
         raise ValueError(f"resume: {found} is at step {manifest['step']}; steps={config['steps']}")
     return found
 

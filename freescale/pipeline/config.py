@@ -51,6 +51,12 @@ class TrainConfig:
     step_overlap: float = 1.0  # synthetic: share of ids common to consecutive steps
     max_candidates: int = 4
     max_content: int = 2
+    # file data (docs/train-on-your-data.md): training targets per user (0: every
+    # target_stride-th prefix), epoch shuffle, negatives per evaluated user
+    samples_per_user: int = 1
+    target_stride: int = 1
+    shuffle: bool = True
+    eval_negatives: int = 100
     # model
     dim: int = 32
     item_dim: int = 32
@@ -89,6 +95,7 @@ class TrainConfig:
     # consecutive skipped steps (0: on the first), "skip" never does
     nonfinite: str = "raise"
     nonfinite_max_skips: int = 3
+    eval_only: bool = False  # `freescale eval`: restore ``resume``, evaluate, no training
 
     def __post_init__(self) -> None:
         _choice("mode", self.mode, MODES)
@@ -122,6 +129,8 @@ class TrainConfig:
             "max_uih",
             "length_cap",
             "checkpoint_keep",
+            "target_stride",
+            "eval_negatives",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -131,6 +140,7 @@ class TrainConfig:
             "eval_every",
             "checkpoint_every",
             "nonfinite_max_skips",
+            "samples_per_user",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")

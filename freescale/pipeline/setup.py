@@ -57,12 +57,29 @@ def make_source(cfg: TrainConfig) -> DataSource:
         seed=cfg.seed,
         step_overlap=cfg.step_overlap,
     )
-    return open_source(cfg.data, synthetic, SequenceSampling(max_uih=cfg.max_uih, seed=cfg.seed))
+    sampling = SequenceSampling(
+        max_uih=cfg.max_uih,
+        samples_per_user=cfg.samples_per_user,
+        stride=cfg.target_stride,
+        shuffle=cfg.shuffle,
+        eval_negatives=cfg.eval_negatives,
+        seed=cfg.seed,
+    )
+    return open_source(cfg.data, synthetic, sampling)
 
 
 def check_data(cfg: TrainConfig, world_size: int) -> DataSource:
     """Fail at start, in the launching process, if the data cannot feed the run."""
     source = make_source(cfg)
+    if hasattr(source, "steps_per_epoch"):  # file data: epochs repeat, any step count
+        counts = source.split_counts()
+        if source.steps_per_epoch(world_size, cfg.batch_size) < 1:
+            raise ValueError(
+                f"{cfg.data}: {counts['train_samples']} training samples (from "
+                f"{counts['users']} users, {counts['users_dropped']} too short) do not fill one "
+                f"global batch of world size {world_size} x batch_size {cfg.batch_size}"
+            )
+        return source
     available = source.num_steps(world_size, cfg.batch_size)
     if available is None:
         return source
@@ -78,9 +95,11 @@ def check_data(cfg: TrainConfig, world_size: int) -> DataSource:
     return source
 
 
-def model_config(cfg: TrainConfig, num_items: int) -> ModelConfig:
+def model_config(cfg: TrainConfig, num_items: int, num_actions: int) -> ModelConfig:
+    """The model for ``cfg`` with table sizes taken from the data, never a default."""
     return ModelConfig(
         num_items=num_items,
+        num_actions=num_actions,
         dim=cfg.dim,
         heads=cfg.heads,
         layers=cfg.layers,

@@ -29,6 +29,7 @@ from freescale.models.sequence import SequenceModel
 from freescale.pipeline.balancing import BalanceStage, Feed, balance_partitioner, host_lengths
 from freescale.pipeline.checkpoint import Checkpointer, check_resumable
 from freescale.pipeline.config import TrainConfig, trace_window
+from freescale.pipeline.evaluation import evaluate_split, popularity_baseline
 from freescale.pipeline.faults import ComputeDelay, applies
 from freescale.pipeline.inputs import InputAgreement, Limits, find_problem
 from freescale.pipeline.liveness import Liveness, gloo_group, mark_stopped
@@ -89,7 +90,9 @@ class Trainer:
         seed_everything(cfg)
         self.source = check_data(cfg, self.world)
         with self.device:  # initialize on the device: large tables init in ms, not minutes
-            self.model = SequenceModel(model_config(cfg, self.source.num_items))
+            self.model = SequenceModel(
+                model_config(cfg, self.source.num_items, self.source.num_actions)
+            )
         self.timer = SectionTimer(self.device)
         self.comm = make_communicator(cfg.comm_backend, self.device)
         self.embeddings = swap(self.model, sharding_plan(cfg), self.comm, self.device)
@@ -183,10 +186,22 @@ class Trainer:
         """The loss as given (tests replace this to inject a non-finite step)."""
         return loss
 
+    @property
+    def ranked(self) -> bool:
+        """File data: evaluation ranks held-out items (`freescale.pipeline.evaluation`)."""
+        return hasattr(self.source, "eval_batch")
+
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """NE on held-out samples (every rank its slice; sums all-reduced)."""
+        """NE on held-out samples (every rank its slice; sums all-reduced);
+        file data: ranking metrics of the first ``eval_batches`` validation batches."""
         self.schedule.flush()  # the tables as sync training would have them now
+        if self.ranked:
+            with self.embeddings.prefetch_disabled():
+                return evaluate_split(
+                    self.model, self.source, "valid", self.rank, self.world,
+                    self.cfg.batch_size, self.device, max_steps=self.cfg.eval_batches,
+                )  # fmt: skip
         totals = torch.zeros(3, dtype=torch.float64, device=self.device)
         with self.embeddings.prefetch_disabled():
             for k in range(self.cfg.eval_batches):
@@ -206,6 +221,31 @@ class Trainer:
         dist.all_reduce(totals)
         s, p, n = totals.tolist()
         return {"ne": normalized_entropy(s, p, n), "candidates": n}
+
+    @torch.no_grad()
+    def final_eval(self) -> dict[str, Any]:
+        """File data: every user of the validation and test splits, and (rank 0)
+        the popularity baseline on the test split; empty for synthetic data."""
+        if not self.ranked:
+            return {}
+        self.schedule.flush()
+        with self.embeddings.prefetch_disabled():
+            out: dict[str, Any] = {
+                split: evaluate_split(
+                    self.model,
+                    self.source,
+                    split,
+                    self.rank,
+                    self.world,
+                    self.cfg.batch_size,
+                    self.device,
+                )
+                for split in ("valid", "test")
+            }
+        if self.rank == 0:
+            out["popularity_test"] = popularity_baseline(self.source, "test")
+            out["data"] = self.source.split_counts()
+        return out
 
     # ---- loop --------------------------------------------------------------
     def _state(self) -> dict[str, Any]:
@@ -231,6 +271,9 @@ class Trainer:
     def run(self) -> dict[str, Any] | None:
         try:
             first = self.restore()
+            if self.cfg.eval_only:  # `freescale eval`: the restored model, no training
+                final = self.final_eval() or {"heldout": self.evaluate()}
+                return {"step": first, "eval": final} if self.rank == 0 else None
             return self._run_from(first)
         finally:
             self.liveness.close()
@@ -305,6 +348,7 @@ class Trainer:
         if pending is not None:
             self._finish_step(pending, start)
         host_syncs.close()
+        final = {} if self.stop_agreed else self.final_eval()  # a stop must be quick
         if profiler is not None:
             profiler.stop()
         self.writer.close()
@@ -318,6 +362,10 @@ class Trainer:
             "first_step": first,
             "nonfinite_skipped": self.nonfinite.skipped,
         }
+        if final:
+            extra["eval"] = final
+            samples = final["data"]["train_samples"]
+            extra["epochs"] = (step + 1) * self.world * cfg.batch_size / max(samples, 1)
         if self.stop_agreed:
             extra.update(stopped="SIGTERM", last_step=step)
         return self.summary.final(extra)

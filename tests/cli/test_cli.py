@@ -50,7 +50,12 @@ def test_data_stats_on_a_sasrec_file(tmp_path, capsys):
         ]
     )
     assert rc == 0
-    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["steps"] == 5
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    # leave-one-out: histories of 2 (dropped) and 3 (evaluated only) give no training
+    # sample; 28 users of 4..8 items give one each -> 3 whole global batches of 2x4
+    assert out["steps"] == {"4": 3}
+    assert out["split"] == {"users": 40, "eval_users": 34, "train_samples": 28, "users_dropped": 6}
+    assert out["coverage"]["4"] == {"samples_read": 24, "fraction_read": 24 / 28}
 
 
 def test_bad_arguments_give_one_clear_line():
