@@ -89,15 +89,15 @@ def test_inconsistent_kjt_raises_naming_the_key(kjt, match):
 
 def test_features_to_kjt_raises_naming_the_key():
     a = JaggedTensor(torch.arange(3), torch.tensor([0, 1, 3]))
-    with pytest.raises(ValueError, match="'b' has 1 samples.*'a' has 2"):
+    with pytest.raises(ValueError, match=r"'b' has 1 samples.*'a' has 2"):
         features_to_kjt({"a": a, "b": JaggedTensor(torch.arange(2), torch.tensor([0, 2]))})
-    with pytest.raises(ValueError, match="'b' has 2 samples of torch.int32"):
+    with pytest.raises(ValueError, match=r"'b' has 2 samples of torch.int32"):
         features_to_kjt({"a": a, "b": JaggedTensor(a.values.int(), a.offsets)})
-    with pytest.raises(ValueError, match="'b'.*values must be 1-D"):
+    with pytest.raises(ValueError, match=r"'b'.*values must be 1-D"):
         features_to_kjt({"a": a, "b": JaggedTensor(torch.zeros(3, 2), a.offsets)})
-    with pytest.raises(ValueError, match="feature 'b'"):
+    with pytest.raises(ValueError, match=r"feature 'b'"):
         features_to_kjt({"a": a, "b": JaggedTensor(a.values, torch.tensor([0, 1, 4]))})
-    with pytest.raises(ValueError, match="'a': expected a JaggedTensor"):
+    with pytest.raises(ValueError, match=r"'a': expected a JaggedTensor"):
         features_to_kjt({"a": a.values})
 
 
@@ -149,7 +149,7 @@ def _swapped_bad_kjt_rank(comm):
     model = nn.Sequential(ec)
     swap(model, ShardingPlan(), comm)
     bad = KJT(keys=["f", "g"], values=torch.arange(2), lengths=torch.tensor([1, 1, 1, 0]))
-    with pytest.raises(ValueError, match="KJT key 'g'"):
+    with pytest.raises(ValueError, match=r"KJT key 'g'"):
         model(bad)
     return True
 

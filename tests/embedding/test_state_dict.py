@@ -168,11 +168,11 @@ def _mismatch_rank(comm, model: Two):
     swap(model, PLAN, comm)
     sd = model.state_dict()
     sd["item.weight"] = torch.zeros(12, 3)
-    with pytest.raises(RuntimeError, match="item.weight: saved with 12 rows, the table has 11"):
+    with pytest.raises(RuntimeError, match=r"item.weight: saved with 12 rows, the table has 11"):
         model.load_state_dict(sd)
     sd = model.state_dict()
     sd["item.optimizer.exp_avg"] = torch.zeros(11, 3)  # Adam state into an Adagrad table
-    with pytest.raises(RuntimeError, match="Unexpected key.*item.optimizer.exp_avg"):
+    with pytest.raises(RuntimeError, match=r"Unexpected key.*item.optimizer.exp_avg"):
         model.load_state_dict(sd)
     return True
 
