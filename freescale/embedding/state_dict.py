@@ -136,8 +136,10 @@ def save_tables(
     tables: Mapping[str, str],
     prefix: str,
     destination: dict,
+    weights: bool = True,
 ) -> None:
-    """Write ``tables`` ({local name: collection table}) under ``prefix`` (a collective)."""
+    """Write ``tables`` ({local name: collection table}) under ``prefix`` (a collective);
+    ``weights=False`` writes the optimizer state only."""
     collection.flush()
     for local_name, name in tables.items():
         base = prefix + (local_name + "." if local_name else "")
@@ -147,7 +149,7 @@ def save_tables(
         def gather(x: Tensor, name: str = name) -> Tensor:
             return collection._gather(name, x)
 
-        named = {"weight": store.weight, **_prefixed(store.optimizer_state())}
+        named = _named(store, weights)
         for key, tensor in named.items():
             local = store.table_slice(t, tensor).detach()
             destination[base + key] = _as_global(sharding, collection.comm, local, gather)
@@ -164,6 +166,7 @@ def load_tables(
     missing_keys: list[str],
     unexpected_keys: list[str],
     error_msgs: list[str],
+    weights: bool = True,
 ) -> None:
     """Read what `save_tables` wrote (or whole plain tables) back into the collection."""
     prio = collection._prio
@@ -174,7 +177,7 @@ def load_tables(
     for local_name, name in tables.items():
         base = prefix + (local_name + "." if local_name else "")
         store, t = collection._locate(name)
-        named = {"weight": store.weight, **_prefixed(store.optimizer_state())}
+        named = _named(store, weights)
         ours.update(base + k for k in [*named, "optimizer.step"])
         for key, target in named.items():
             if base + key not in state_dict:
@@ -193,8 +196,10 @@ def load_tables(
     unexpected_keys.extend(k for k in state_dict if k.startswith(prefix) and k not in ours)
 
 
-def _prefixed(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    return {"optimizer." + k: v for k, v in state.items()}
+def _named(store: ShardStore, weights: bool) -> dict[str, Tensor]:
+    named = {"weight": store.weight} if weights else {}
+    named.update({"optimizer." + k: v for k, v in store.optimizer_state().items()})
+    return named
 
 
 @torch.no_grad()
