@@ -130,9 +130,10 @@ def _tables_of(path: str, m: nn.Module, plan: ShardingPlan, ec_type: type | None
 
 def _check_not_tied(model: nn.Module, targets: dict[int, tuple[str, nn.Module]]) -> None:
     owned = {id(p) for _, m in targets.values() for p in m.parameters()}
+    target_paths = [path + "." for path, _ in targets.values()]
     for path, m in model.named_modules():
-        if id(m) in targets:
-            continue
+        if id(m) in targets or any(path.startswith(p) for p in target_paths):
+            continue  # a target, or inside one (an EmbeddingCollection's own tables)
         for name, p in m.named_parameters(recurse=False):
             if id(p) in owned:
                 raise ValueError(
@@ -160,9 +161,14 @@ def swap(
     if isinstance(model, kinds):
         raise ValueError("swap replaces submodules; wrap a bare embedding module in a parent")
     targets: dict[int, tuple[str, nn.Module]] = {}
+    inside: list[str] = []  # selected EmbeddingCollections: their own tables are theirs
     for path, m in model.named_modules():
+        if any(path.startswith(p + ".") for p in inside):
+            continue
         if isinstance(m, kinds) and plan.selects(path):
             targets[id(m)] = (path, m)
+            if not isinstance(m, nn.Embedding):
+                inside.append(path)
     if not targets:
         raise ValueError("swap found no nn.Embedding / EmbeddingCollection that the plan selects")
     _check_not_tied(model, targets)
