@@ -8,29 +8,31 @@ between ranks so that every rank gets a similar amount of sequence work
 (``LoadBalancer.balance``: all three stages back to back).
 
 The stage is a collective: every rank must run the pipeline over the same
-number of batches (as with TorchRec's own sparse-data-dist stage). Importing
-this module imports TorchRec.
+number of batches (as with TorchRec's own sparse-data-dist stage). TorchRec
+is imported only when a stage is built (it pulls in Triton).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
-from torchrec.distributed.train_pipeline.pipeline_stage import PipelineStage
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
-from torchrec.streamable import Pipelineable
 
 from freescale.balance import BalancerConfig, LoadBalancer
 from freescale.comm import Communicator
 from freescale.jagged import SampleBatch
 from freescale.jagged.interop import from_kjt, to_kjt
 
+if TYPE_CHECKING:
+    from torchrec.distributed.train_pipeline.pipeline_stage import PipelineStage
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
 
 @dataclass
-class KJTBatch(Pipelineable):
-    """One rank's batch in TorchRec form."""
+class KJTBatch:
+    """One rank's batch in TorchRec form (TorchRec's ``Pipelineable`` methods)."""
 
     sparse_features: KeyedJaggedTensor
     labels: Tensor
@@ -95,5 +97,7 @@ def balance_stage(
     if stream is None:
         dev = comm.device
         stream = torch.cuda.current_stream(dev) if dev.type == "cuda" else torch.Stream(dev.type)
+    from torchrec.distributed.train_pipeline.pipeline_stage import PipelineStage
+
     runnable = BalanceRunnable(LoadBalancer(comm, config))
     return PipelineStage(name=name, runnable=runnable, stream=stream)  # type: ignore[arg-type]
