@@ -35,6 +35,7 @@ from torch import Tensor, nn
 from freescale.comm import Communicator
 from freescale.embedding import input_dist
 from freescale.embedding.config import ShardingPlan, TableConfig
+from freescale.embedding.kjt import embeddings_to_torchrec, is_kjt, kjt_to_features
 from freescale.embedding.lookup import GroupCall, ShardedLookup, Timer, no_timer
 from freescale.embedding.nonfinite import NonFiniteGuard
 from freescale.embedding.preflight import Request, make_request
@@ -102,7 +103,13 @@ class ShardedEmbeddingCollection(nn.Module):
 
     # ---- lookup --------------------------------------------------------------
     def forward(self, features: Features) -> Outputs:
-        """Look up every feature; see the module docstring for the contract."""
+        """Look up every feature; see the module docstring for the contract.
+
+        A TorchRec ``KeyedJaggedTensor`` is accepted too and gives TorchRec's
+        ``{feature: JaggedTensor}`` (`freescale.embedding.kjt`)."""
+        if is_kjt(features):
+            ours = kjt_to_features(features)  # type: ignore[arg-type]
+            return embeddings_to_torchrec(self(ours), ours)
         if self._prio is not None:
             return self._forward_prioritized(features)
         return self._forward_sync(
@@ -134,6 +141,8 @@ class ShardedEmbeddingCollection(nn.Module):
         `prefetch_ids` after step i's forward has been launched keeps the
         host's one read of the counts off the GPU's critical path.
         """
+        if is_kjt(features):
+            features = kjt_to_features(features)  # type: ignore[arg-type]
         if self._prio is not None:
             prio = self._schedule()
             prio.complete_pending()  # an earlier step's, not completed yet

@@ -221,6 +221,13 @@ class ShardStore(nn.Module):
     def local_global_ids(self, t: int) -> Tensor:
         return self.shardings[t].global_ids(self.rank, self.weight.device)
 
+    def set_step(self, t: int, step: int) -> None:
+        """Set the update count of table ``t`` (checkpoint loading)."""
+        if step < 0:
+            raise ValueError(f"table {self.tables[t].name!r}: step must be >= 0, got {step}")
+        self.steps[t] = step
+        self._host_steps[t] = step
+
     def table_slice(self, t: int, tensor: Tensor) -> Tensor:
         start = self.starts[t]
         return tensor[start : start + self.shardings[t].local_rows]

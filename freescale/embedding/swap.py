@@ -20,7 +20,8 @@ from torch import Tensor, nn
 from freescale.comm import Communicator
 from freescale.embedding.collection import ShardedEmbeddingCollection
 from freescale.embedding.config import ShardingPlan, TableConfig
-from freescale.jagged import JaggedTensor
+from freescale.embedding.kjt import embeddings_to_torchrec, kjt_to_features
+from freescale.embedding.state_dict import load_tables, save_tables
 
 
 class ShardedEmbedding(nn.Module):
@@ -46,6 +47,12 @@ class ShardedEmbedding(nn.Module):
     def extra_repr(self) -> str:
         return f"{self.table!r}, {self.num_embeddings}, {self.embedding_dim}, sharded"
 
+    def _save_to_state_dict(self, destination: dict, prefix: str, keep_vars: bool) -> None:
+        save_tables(self.collection, {"": self.table}, prefix, destination)
+
+    def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any) -> None:
+        load_tables(self.collection, {"": self.table}, prefix, state_dict, *args)
+
 
 class ShardedTorchRecCollection(nn.Module):
     """Drop-in for ``torchrec.EmbeddingCollection``: ``forward(kjt) -> {feature: JT}``."""
@@ -58,25 +65,25 @@ class ShardedTorchRecCollection(nn.Module):
         self.prefix, self.need_indices = prefix, need_indices
 
     def forward(self, features: Any) -> dict[str, Any]:
-        from torchrec.sparse.jagged_tensor import JaggedTensor as TorchRecJagged
+        ours = kjt_to_features(features, self.prefix)  # checked; int32 or int64 lengths
+        out = embeddings_to_torchrec(self.collection(ours), ours, self.prefix)
+        if self.need_indices:  # TorchRec returns the ids as the weights
+            for key, jt in ours.items():
+                out[key[len(self.prefix) :]]._weights = jt.values
+        return out
 
-        per_feature = features.to_dict()
-        # KJTs commonly carry int32 lengths/offsets (to_kjt emits them); ours are
-        # int64. A dtype conversion, no host read: the output keeps the input's.
-        ours = {
-            self.prefix + f: JaggedTensor(jt.values(), jt.offsets().to(torch.int64))
-            for f, jt in per_feature.items()
-        }
-        out = self.collection(ours)
-        return {
-            f: TorchRecJagged(
-                values=out[self.prefix + f].values,  # type: ignore[union-attr]
-                lengths=jt.lengths(),
-                offsets=jt.offsets(),
-                weights=jt.values() if self.need_indices else None,
-            )
-            for f, jt in per_feature.items()
-        }
+    # Checkpoints the usual way: the tables and their optimizer state, under
+    # this module's path, as resharding-friendly entries (`state_dict.py`).
+    def _save_to_state_dict(self, destination: dict, prefix: str, keep_vars: bool) -> None:
+        save_tables(self.collection, self._tables(), prefix + "embeddings.", destination)
+
+    def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any) -> None:
+        load_tables(self.collection, self._tables(), prefix + "embeddings.", state_dict, *args)
+
+    def _tables(self) -> dict[str, str]:
+        """{name under ``embeddings.``: collection table} of this module."""
+        n = len(self.prefix)
+        return {t[n:]: t for t in self.collection.tables if t.startswith(self.prefix)}
 
 
 def _torchrec_ec_type() -> type | None:
@@ -123,9 +130,10 @@ def _tables_of(path: str, m: nn.Module, plan: ShardingPlan, ec_type: type | None
 
 def _check_not_tied(model: nn.Module, targets: dict[int, tuple[str, nn.Module]]) -> None:
     owned = {id(p) for _, m in targets.values() for p in m.parameters()}
+    target_paths = [path + "." for path, _ in targets.values()]
     for path, m in model.named_modules():
-        if id(m) in targets:
-            continue
+        if id(m) in targets or any(path.startswith(p) for p in target_paths):
+            continue  # a target, or inside one (an EmbeddingCollection's own tables)
         for name, p in m.named_parameters(recurse=False):
             if id(p) in owned:
                 raise ValueError(
@@ -153,9 +161,14 @@ def swap(
     if isinstance(model, kinds):
         raise ValueError("swap replaces submodules; wrap a bare embedding module in a parent")
     targets: dict[int, tuple[str, nn.Module]] = {}
+    inside: list[str] = []  # selected EmbeddingCollections: their own tables are theirs
     for path, m in model.named_modules():
+        if any(path.startswith(p + ".") for p in inside):
+            continue
         if isinstance(m, kinds) and plan.selects(path):
             targets[id(m)] = (path, m)
+            if not isinstance(m, nn.Embedding):
+                inside.append(path)
     if not targets:
         raise ValueError("swap found no nn.Embedding / EmbeddingCollection that the plan selects")
     _check_not_tied(model, targets)

@@ -205,3 +205,16 @@ def test_swap_torchrec_accepts_int32_lengths_gloo():
             got_values, got_lengths = r[str(dt)][f]
             torch.testing.assert_close(got_values, values, rtol=0, atol=0)
             assert torch.equal(got_lengths.to(torch.int64), lengths)
+
+
+def _nested_rank(comm, ec) -> list[str]:
+    model = nn.Sequential(copy.deepcopy(ec))
+    return sorted(swap(model, ShardingPlan(), comm).tables)
+
+
+def test_swap_leaves_an_embedding_collections_own_tables_to_it():
+    # Regression: the nn.Embedding modules inside an EmbeddingCollection were
+    # swapped too, as extra orphan tables ("0.embeddings.t1").
+    torchrec = pytest.importorskip("torchrec")
+    torch.manual_seed(0)
+    assert run_threads(_nested_rank, 1, _two_table_collection(torchrec)) == [["0.t1", "0.t2"]]

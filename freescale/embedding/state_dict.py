@@ -1,0 +1,223 @@
+"""Tables and optimizer state in ``model.state_dict()``, in logical row order.
+
+Our row assignment is a hash: a rank's slots are not a contiguous block of
+the table. A checkpoint that another world size can read must not depend on
+it, so each table is presented as a global ``[rows, ...]`` tensor sharded in
+*contiguous* chunks: a ``DTensor`` with ``Shard(0)`` placement (rank k holds
+rows ``[k*c, (k+1)*c)``, ``c = ceil(rows / W)``, as ``torch.chunk`` cuts).
+Saving moves every row from its owner to its chunk (one AllToAll per
+tensor, `to_row_chunks`), loading moves it back (`from_row_chunks`), so
+``torch.distributed.checkpoint`` reshards between any world sizes.
+
+Without an initialized ``torch.distributed`` (thread-simulated ranks) the
+entries are whole tables (gathered, a collective). Loading accepts either: a
+plain ``[rows, ...]`` tensor (e.g. an unsharded model's weight) is sliced.
+
+Keys, under a swapped module's path: ``<table>.weight``,
+``<table>.optimizer.<state>`` (e.g. Adagrad's ``sum_sq``) and
+``<table>.optimizer.step`` (updates received; drives lr hooks and Adam).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from freescale.comm import Communicator
+from freescale.embedding.sharding import RowSharding
+
+if TYPE_CHECKING:
+    from freescale.embedding.collection import ShardedEmbeddingCollection
+    from freescale.embedding.store import ShardStore
+
+
+def chunk_bounds(rows: int, world_size: int, rank: int) -> tuple[int, int]:
+    """Rows ``[lo, hi)`` of ``rank``'s contiguous chunk (``torch.chunk`` sizes)."""
+    c = -(-rows // world_size)
+    return min(rank * c, rows), min((rank + 1) * c, rows)
+
+
+def _chunk_of(ids: Tensor, rows: int, world_size: int) -> Tensor:
+    return torch.div(ids, -(-rows // world_size), rounding_mode="floor")
+
+
+def to_row_chunks(sharding: RowSharding, comm: Communicator, local: Tensor) -> Tensor:
+    """This rank's contiguous chunk of the table whose owned slots are ``local``."""
+    w, rank = comm.world_size, comm.rank
+    gids = sharding.global_ids(rank, local.device)
+    slots = torch.nonzero(gids >= 0).flatten()
+    slots = slots[torch.argsort(gids[slots])]  # ascending ids: chunks are contiguous runs
+    send_counts = torch.bincount(_chunk_of(gids[slots], sharding.rows, w), minlength=w)
+    lo, hi = chunk_bounds(sharding.rows, w, rank)
+    # Every rank can route every id: the ids each source sends us, in its order.
+    recv_ids = []
+    for src in range(w):
+        ids = sharding.global_ids(src, local.device)
+        recv_ids.append(torch.sort(ids[(ids >= lo) & (ids < hi)]).values)
+    recv = torch.cat(recv_ids)
+    counts = [int(r.numel()) for r in recv_ids]
+    got = comm.all_to_all_v(local[slots].contiguous(), send_counts.tolist(), counts).wait()
+    chunk = local.new_zeros((hi - lo, *local.shape[1:]))
+    chunk[recv - lo] = got
+    return chunk
+
+
+def from_row_chunks(sharding: RowSharding, comm: Communicator, chunk: Tensor) -> Tensor:
+    """Inverse of `to_row_chunks`: this rank's slots (padding slots zero)."""
+    w, rank = comm.world_size, comm.rank
+    lo, hi = chunk_bounds(sharding.rows, w, rank)
+    if chunk.shape[0] != hi - lo:
+        raise ValueError(f"chunk of rank {rank} has {chunk.shape[0]} rows, expected {hi - lo}")
+    ids = torch.arange(lo, hi, dtype=torch.int64, device=chunk.device)
+    owner, _ = sharding.locate(ids)
+    order = torch.argsort(owner, stable=True)  # by owner, ascending ids within
+    send_counts = torch.bincount(owner, minlength=w)
+    mine = sharding.global_ids(rank, chunk.device)
+    mine = torch.sort(mine[mine >= 0]).values
+    recv_counts = torch.bincount(_chunk_of(mine, sharding.rows, w), minlength=w)
+    got = comm.all_to_all_v(
+        chunk[order].contiguous(), send_counts.tolist(), recv_counts.tolist()
+    ).wait()
+    local = chunk.new_zeros((sharding.local_rows, *chunk.shape[1:]))
+    local[sharding.locate(mine)[1]] = got
+    return local
+
+
+# ---- DTensor presentation ---------------------------------------------------------
+def _process_group(comm: Communicator) -> Any:
+    """The torch process group of ``comm``, or None (simulated ranks)."""
+    group = getattr(comm, "group", False)
+    if group is False or not dist.is_available() or not dist.is_initialized():
+        return None
+    return group if group is not None else dist.group.WORLD
+
+
+def _as_global(sharding: RowSharding, comm: Communicator, local: Tensor, gather: Any) -> Tensor:
+    group = _process_group(comm)
+    if group is None:
+        return gather(local)
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import DTensor, Shard
+
+    chunk = to_row_chunks(sharding, comm, local)
+    mesh = DeviceMesh.from_group(group, local.device.type)
+    shape = torch.Size((sharding.rows, *local.shape[1:]))
+    stride = torch.empty(shape, device="meta").stride()
+    return DTensor.from_local(chunk, mesh, [Shard(0)], run_check=False, shape=shape, stride=stride)
+
+
+def _to_local(
+    sharding: RowSharding, comm: Communicator, src: Tensor, key: str, errors: list[str]
+) -> Tensor | None:
+    """This rank's slots of a saved global tensor (DTensor or plain), or None (error)."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    if src.shape[0] != sharding.rows:
+        errors.append(f"{key}: saved with {src.shape[0]} rows, the table has {sharding.rows}")
+        return None
+    if isinstance(src, DTensor):
+        if tuple(src.placements) == (Shard(0),) and src.device_mesh.size() == comm.world_size:
+            return from_row_chunks(sharding, comm, src.to_local())
+        src = src.full_tensor()  # another layout: a collective, then slice
+    ids = sharding.global_ids(comm.rank, src.device)
+    local = src.new_zeros((sharding.local_rows, *src.shape[1:]))
+    valid = ids >= 0
+    local[valid] = src[ids[valid]]
+    return local
+
+
+# ---- module hooks ------------------------------------------------------------------
+def save_tables(
+    collection: ShardedEmbeddingCollection,
+    tables: Mapping[str, str],
+    prefix: str,
+    destination: dict,
+    weights: bool = True,
+) -> None:
+    """Write ``tables`` ({local name: collection table}) under ``prefix`` (a collective);
+    ``weights=False`` writes the optimizer state only."""
+    collection.flush()
+    for local_name, name in tables.items():
+        base = prefix + (local_name + "." if local_name else "")
+        store, t = collection._locate(name)
+        sharding = store.shardings[t]
+
+        def gather(x: Tensor, name: str = name) -> Tensor:
+            return collection._gather(name, x)
+
+        named = _named(store, weights)
+        for key, tensor in named.items():
+            local = store.table_slice(t, tensor).detach()
+            destination[base + key] = _as_global(sharding, collection.comm, local, gather)
+        destination[base + "optimizer.step"] = torch.tensor(collection.step_of(name))
+
+
+def load_tables(
+    collection: ShardedEmbeddingCollection,
+    tables: Mapping[str, str],
+    prefix: str,
+    state_dict: Mapping[str, Any],
+    local_metadata: dict,
+    strict: bool,
+    missing_keys: list[str],
+    unexpected_keys: list[str],
+    error_msgs: list[str],
+    weights: bool = True,
+) -> None:
+    """Read what `save_tables` wrote (or whole plain tables) back into the collection."""
+    prio = collection._prio
+    if prio is not None and prio.steps:
+        raise RuntimeError("load a checkpoint with no prioritized step prefetched")
+    collection.flush()
+    ours: set[str] = set()
+    for local_name, name in tables.items():
+        base = prefix + (local_name + "." if local_name else "")
+        store, t = collection._locate(name)
+        named = _named(store, weights)
+        ours.update(base + k for k in [*named, "optimizer.step"])
+        for key, target in named.items():
+            if base + key not in state_dict:
+                missing_keys.append(base + key)
+                continue
+            _load_tensor(
+                collection, store, t, target, state_dict[base + key], base + key, error_msgs
+            )
+        step_key = base + "optimizer.step"
+        if step_key in state_dict:
+            store.set_step(t, int(state_dict[step_key]))
+        else:
+            missing_keys.append(step_key)
+    # A swapped module has no children: any other key under it is foreign
+    # (e.g. Adagrad state loaded into an SGD table).
+    unexpected_keys.extend(k for k in state_dict if k.startswith(prefix) and k not in ours)
+
+
+def _named(store: ShardStore, weights: bool) -> dict[str, Tensor]:
+    named = {"weight": store.weight} if weights else {}
+    named.update({"optimizer." + k: v for k, v in store.optimizer_state().items()})
+    return named
+
+
+@torch.no_grad()
+def _load_tensor(
+    collection: ShardedEmbeddingCollection,
+    store: ShardStore,
+    t: int,
+    target: Tensor,
+    src: Tensor,
+    key: str,
+    errors: list[str],
+) -> None:
+    dst = store.table_slice(t, target)
+    if tuple(src.shape[1:]) != tuple(dst.shape[1:]):
+        errors.append(f"{key}: row shape {tuple(src.shape[1:])} != {tuple(dst.shape[1:])}")
+        return
+    local = _to_local(store.shardings[t], collection.comm, src, key, errors)
+    if local is None:
+        return
+    valid = store.local_global_ids(t) >= 0
+    dst[valid] = local.to(device=dst.device, dtype=dst.dtype)[valid]
