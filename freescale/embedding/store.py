@@ -225,6 +225,7 @@ class ShardStore(nn.Module):
         """Set the update count of table ``t`` (checkpoint loading)."""
         if step < 0:
             raise ValueError(f"table {self.tables[t].name!r}: step must be >= 0, got {step}")
+        self.settle()  # a skipped step's count taken back later would undercount
         self.steps[t] = step
         self._host_steps[t] = step
 
