@@ -100,6 +100,8 @@ class ShardedEmbeddingCollection(nn.Module):
         self.verify_prefetch = self.device.type == "cpu"
         self._prio: PrioritizedSchedule | None = None
         self.nonfinite: NonFiniteGuard | None = None  # see `guard_nonfinite`
+        # Swapped modules put the tables in their model's state_dict (a collective).
+        self.tables_in_state_dict = True
 
     # ---- lookup --------------------------------------------------------------
     def forward(self, features: Features) -> Outputs:
@@ -205,6 +207,17 @@ class ShardedEmbeddingCollection(nn.Module):
                 "a prefetched lookup does not match this call (keys "
                 f"{prepared.keys} vs {keys}): prefetch exactly the ids forward will use"
             )
+
+    @contextlib.contextmanager
+    def tables_left_out(self) -> Iterator[None]:
+        """Inside, a swapped model's ``state_dict()`` / ``load_state_dict()`` hold
+        only its dense part: no table, no collective (what one rank may save
+        alone; the tables go to the checkpoint through the collection itself)."""
+        self.tables_in_state_dict, saved = False, self.tables_in_state_dict
+        try:
+            yield
+        finally:
+            self.tables_in_state_dict = saved
 
     # ---- non-finite guard --------------------------------------------------------
     def guard_nonfinite(self, enabled: bool = True) -> NonFiniteGuard | None:

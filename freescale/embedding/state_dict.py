@@ -139,7 +139,10 @@ def save_tables(
     weights: bool = True,
 ) -> None:
     """Write ``tables`` ({local name: collection table}) under ``prefix`` (a collective);
-    ``weights=False`` writes the optimizer state only."""
+    ``weights=False`` writes the optimizer state only. Nothing inside
+    ``collection.tables_left_out()``."""
+    if not collection.tables_in_state_dict:
+        return
     collection.flush()
     for local_name, name in tables.items():
         base = prefix + (local_name + "." if local_name else "")
@@ -168,7 +171,10 @@ def load_tables(
     error_msgs: list[str],
     weights: bool = True,
 ) -> None:
-    """Read what `save_tables` wrote (or whole plain tables) back into the collection."""
+    """Read what `save_tables` wrote (or whole plain tables) back into the collection;
+    nothing inside ``collection.tables_left_out()``."""
+    if not collection.tables_in_state_dict:
+        return
     prio = collection._prio
     if prio is not None and prio.steps:
         raise RuntimeError("load a checkpoint with no prioritized step prefetched")

@@ -82,6 +82,21 @@ class StepRecord:
     collision: Callable[[], list[float]] | None = None  # freescale: C^i counts, read later
 
 
+class DenseState:
+    """The model's dense part as a ``state_dict`` object: equal on every rank,
+    so one rank can save it (the tables are checkpointed by the collection)."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        self.trainer = trainer
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.trainer.dense_state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        with self.trainer.embeddings.tables_left_out():
+            self.trainer.model.load_state_dict(state)
+
+
 class Trainer:
     def __init__(self, cfg: TrainConfig) -> None:
         self.cfg = cfg
@@ -250,10 +265,15 @@ class Trainer:
     # ---- loop --------------------------------------------------------------
     def _state(self) -> dict[str, Any]:
         """Replicated state a checkpoint holds besides the tables."""
-        state: dict[str, Any] = {"model": self.model, "optimizer": self.optimizer}
+        state: dict[str, Any] = {"model": DenseState(self), "optimizer": self.optimizer}
         if self.balance is not None:
             state["balancer"] = self.balance
         return state
+
+    def dense_state_dict(self) -> dict[str, Tensor]:
+        """The model's state without the sharded tables (no collective)."""
+        with self.embeddings.tables_left_out():
+            return self.model.state_dict()
 
     def restore(self) -> int:
         """Load ``cfg.resume`` (if set); the first step to run."""

@@ -75,7 +75,7 @@ class Corrupted:
 def _snapshot(trainer: Trainer) -> dict:
     return {
         "table": trainer.embeddings.full_table("item_emb"),
-        "dense": {k: v.detach().clone() for k, v in trainer.model.state_dict().items()},
+        "dense": {k: v.detach().clone() for k, v in trainer.dense_state_dict().items()},
     }
 
 

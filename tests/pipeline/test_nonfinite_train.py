@@ -35,7 +35,7 @@ def _snapshot(trainer: Trainer) -> dict:
         "table": trainer.embeddings.full_table("item_emb"),
         "table_state": trainer.embeddings.full_optimizer_state("item_emb"),
         "table_step": trainer.embeddings.step_of("item_emb"),
-        "dense": {k: v.detach().clone() for k, v in trainer.model.state_dict().items()},
+        "dense": {k: v.detach().clone() for k, v in trainer.dense_state_dict().items()},
         "adam": {(i, k): v.clone() for i, s in opt.items() for k, v in s.items()},
     }
 

@@ -19,7 +19,7 @@ def _state(trainer: Trainer) -> dict:
         "losses": [(s["step"], s["loss"]) for s in trainer.summary.steps],
         "table": trainer.embeddings.full_table("item_emb"),
         "opt": trainer.embeddings.full_optimizer_state("item_emb"),
-        "dense": {k: v.detach().clone() for k, v in trainer.model.state_dict().items()},
+        "dense": {k: v.detach().clone() for k, v in trainer.dense_state_dict().items()},
         "adam": [{k: v.clone() for k, v in s.items()} for s in trainer.optimizer.state.values()],
     }
 
