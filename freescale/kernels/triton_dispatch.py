@@ -38,7 +38,7 @@ from torch import Tensor
 
 from freescale.kernels.dispatch import DispatchPlan, dispatch_bytes, ranged_dispatch_reference
 from freescale.kernels.shard import RowSharding
-from freescale.kernels.triton_bucketize import owner_and_local
+from freescale.kernels.triton_bucketize import owner_and_local, sharding_args
 from freescale.kernels.triton_common import (
     as_words,
     bench_ms,
@@ -57,13 +57,13 @@ OWNER_BLOCK = 1024
 
 # ---- kernels --------------------------------------------------------------
 @triton.jit
-def _load_dest(src, i, mask, W, rows_per_rank, MODE: tl.constexpr):
+def _load_dest(src, i, mask, W, per, B, MODE: tl.constexpr):
     """Destination of rows ``i`` (-1 where masked or outside ``[0, W)``)."""
     x = tl.load(src + i, mask=mask, other=0).to(tl.int64)
     if MODE == 0:
         d = x
     else:
-        d, _ = owner_and_local(x, W, rows_per_rank, MODE == 2)
+        d, _ = owner_and_local(x, W, per, B, MODE == 2)
     ok = mask & (d >= 0) & (d < W)
     return tl.where(ok, d, -1).to(tl.int32)
 
@@ -83,10 +83,10 @@ def _in_block(dest32, block, i, di, n, BLOCK: tl.constexpr, SUB: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["n"])
-def _owners_kernel(src, dest32, n, W, rows_per_rank, MODE: tl.constexpr, BLOCK: tl.constexpr):
+def _owners_kernel(src, dest32, n, W, per, B, MODE: tl.constexpr, BLOCK: tl.constexpr):
     """``dest32[i]`` = owner of id ``src[i]`` (-1 outside ``[0, W)``)."""
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    tl.store(dest32 + i, _load_dest(src, i, i < n, W, rows_per_rank, MODE), mask=i < n)
+    tl.store(dest32 + i, _load_dest(src, i, i < n, W, per, B, MODE), mask=i < n)
 
 
 @triton.jit(do_not_specialize=["n", "n_blocks"])
@@ -109,7 +109,7 @@ def _count_kernel(
     if HAVE_DEST32:
         di = tl.load(dest32 + i, mask=i < n, other=-1)
     else:
-        di = _load_dest(src, i, i < n, W, 1, 0)
+        di = _load_dest(src, i, i < n, W, 1, 1, 0)
         tl.store(dest32 + i, di, mask=i < n)
         tl.debug_barrier()  # the block's destinations are read back by its other rows
     total, before = _in_block(dest32, block, i, di, n, BLOCK, SUB)
@@ -130,7 +130,8 @@ def _place_kernel(
     counts,
     n,
     W,
-    rows_per_rank,
+    per,
+    B,
     n_blocks,
     words,
     LOCAL_MODE: tl.constexpr,
@@ -140,7 +141,8 @@ def _place_kernel(
 ):
     """``positions[i] = cum[d, block] - hist[d, block] + in-block rank``; rows
     (``words`` integer words each) copied to ``send``. ``LOCAL_MODE`` 1/2: the
-    rows are ids, sent as local rows of the block/hashed sharding. Program 0
+    rows are ids, sent as local rows of the block/hashed sharding (``per``, ``B``: see
+    `owner_and_local`). Program 0
     also writes ``offsets`` ([W + 1]) and ``counts`` ([W]) from ``cum``."""
     block = tl.program_id(0).to(tl.int64)
     if block == 0:
@@ -162,7 +164,7 @@ def _place_kernel(
     tl.store(positions + i, pos, mask=ok)
     if LOCAL_MODE != 0:
         v = tl.load(values + i, mask=ok)
-        _, local = owner_and_local(v.to(tl.int64), W, rows_per_rank, LOCAL_MODE == 2)
+        _, local = owner_and_local(v.to(tl.int64), W, per, B, LOCAL_MODE == 2)
         tl.store(send + pos, local.to(v.dtype), mask=ok)
     else:
         copy_rows(values, send, i, pos, ok, words, BLOCK_W)
@@ -173,17 +175,16 @@ def ranged_dispatch_triton(
     values: Tensor, dest: Tensor, world_size: int, *, block: int | None = None
 ) -> tuple[Tensor, DispatchPlan]:
     """Triton twin of `ranged_dispatch_reference`."""
-    return _dispatch(dest.contiguous(), DEST_GIVEN, values, world_size, 1, False, block)
+    return _dispatch(dest.contiguous(), DEST_GIVEN, values, (world_size, 1, 1), False, block)
 
 
 def ranged_dispatch_ids_triton(
     ids: Tensor, sharding: RowSharding, local: bool, *, block: int | None = None
 ) -> tuple[Tensor, DispatchPlan]:
     """Ids grouped by owner, owners computed in the kernels."""
-    mode = DEST_HASHED if sharding.scheme == "hashed" else DEST_BLOCK
+    mode = DEST_HASHED if sharding.kind == "hashed" else DEST_BLOCK
     ids = ids.contiguous()
-    rows = max(1, sharding.rows_per_rank)
-    return _dispatch(ids, mode, ids, sharding.world_size, rows, local, block)
+    return _dispatch(ids, mode, ids, sharding_args(sharding), local, block)
 
 
 def block_size(world_size: int) -> int:
@@ -195,11 +196,12 @@ def _dispatch(
     src: Tensor,
     mode: int,
     values: Tensor,
-    W: int,
-    rows_per_rank: int,
+    layout: tuple[int, int, int],
     local: bool,
     block: int | None,
 ) -> tuple[Tensor, DispatchPlan]:
+    """``layout`` = ``(W, per, B)`` of `owner_and_local` (``(W, 1, 1)`` for given dests)."""
+    W, per, B = layout
     device, n = values.device, values.shape[0]
     if n >= 2**31:
         raise ValueError(f"ranged dispatch counts rows in int32; got {n} rows")
@@ -217,7 +219,7 @@ def _dispatch(
     check_launchable(_count_kernel, device)
     if mode != DEST_GIVEN:
         _owners_kernel[(cdiv(n, OWNER_BLOCK),)](
-            src, dest32, n, W, rows_per_rank, MODE=mode, BLOCK=OWNER_BLOCK
+            src, dest32, n, W, per, B, MODE=mode, BLOCK=OWNER_BLOCK
         )
     have = mode != DEST_GIVEN
     _count_kernel[(n_blocks,)](
@@ -240,7 +242,8 @@ def _dispatch(
         counts,
         n,
         W,
-        rows_per_rank,
+        per,
+        B,
         n_blocks,
         words,
         LOCAL_MODE=local_mode,

@@ -94,11 +94,14 @@ def test_triton_equals_reference(triton_device, case, block):
     dtype=st.sampled_from(ID_DTYPES),
     local=st.booleans(),
     block=st.sampled_from([None, 8]),
+    block_size=st.sampled_from([1, 3]),
 )
-def test_ids_paths_equal_reference(triton_device, n, seed, world, scheme, dtype, local, block):
+def test_ids_paths_equal_reference(
+    triton_device, n, seed, world, scheme, dtype, local, block, block_size
+):
     from freescale.kernels.triton_dispatch import ranged_dispatch_ids_triton
 
-    sharding = RowSharding(NUM_ROWS, world, scheme)
+    sharding = RowSharding(NUM_ROWS, world, scheme, block_size)
     ids = ids_tensor(n, seed, dtype)
     want = ranged_dispatch_ids(ids, sharding, local=local, impl="torch")
     assert want[0].dtype == dtype

@@ -132,7 +132,7 @@ def test_kernel_bucketize_unchanged(cfg, n, seed, wide):
 def test_kernel_row_lists_unchanged(rows, w, kind):
     s = RowSharding(rows, w, kind)
     for rank in range(w):
-        held = s.global_ids(rank) if hasattr(s, "global_ids") else s.global_rows(rank)
+        held = s.global_ids(rank)
         assert torch.equal(held[held >= 0], pinned_global_rows(rows, w, kind, rank))
 
 
