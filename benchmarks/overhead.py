@@ -12,7 +12,9 @@ profiler's own per-op cost (an upper bound).
 Prints a table, writes markdown + JSON, ends with one JSON line. With
 ``--baseline FILE`` (a JSON written by an earlier run) it exits 1 when a
 point's GPU idle % exceeds its recorded value by more than ``--tolerance``
-points (2 by default).
+points (2 by default). To record a baseline, copy a run's JSON to
+``benchmarks/results/overhead-baseline.json`` (the `overhead` part of
+`gpu_session.sh` checks against it when it exists).
 
     python benchmarks/overhead.py                      # 3 UIH x 2 batches x 3 modes, 1 GPU
     python benchmarks/overhead.py --baseline benchmarks/results/overhead-baseline.json
