@@ -9,7 +9,9 @@
 #   with 2+ GPUs the none/fbs/cost sweep checked by check_metrics.py; a
 #   failed check fails the session: run it after any change to the step,
 #   the loader or the balancer), synccheck (1 GPU: every host-GPU sync
-#   call site of sync/sdd, balanced or not).
+#   call site of sync/sdd, balanced or not), overhead (1 GPU: host overhead,
+#   GPU idle %, peak memory at UIH 2k/8k/21k x batch 32/128 x sync/sdd/freescale;
+#   fails on an idle rise over benchmarks/results/overhead-baseline.json if present).
 # Everything runs from the checkout (PYTHONPATH). Sweep outputs are packed
 # into one .tgz per part (the device returns at most 8 files).
 set -uo pipefail
@@ -126,6 +128,13 @@ PY
         > "$out/comm-bandwidth.log" 2>&1; tail -5 "$out/comm-bandwidth.log"
       timeout 300 python3 benchmarks/interference.py --out "$out/interference-1xH200" 2>&1 \
         | grep -v Warning | tail -16 ;;
+    overhead)  # issue 18: 18 points x 25 steps (3 profiled), one process each: ~5 min
+      base=(); [ -f benchmarks/results/overhead-baseline.json ] \
+        && base=(--baseline benchmarks/results/overhead-baseline.json)
+      timeout 540 python3 benchmarks/overhead.py --out "$out/overhead-1xH200" "${base[@]}" \
+        2>&1 | grep -E "^\[|^\||REGRESSION|error" ; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      tar czf "$out/overhead-1xH200-steps.tgz" -C "$out" --exclude="*-trace.json.gz" \
+        overhead-1xH200-steps && rm -rf "$out/overhead-1xH200-steps" ;;
     *) echo "unknown part $part" >&2; exit 2 ;;
   esac
 done

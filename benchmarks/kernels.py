@@ -21,6 +21,8 @@ minimum bytes each op must move (see the ``*_bytes`` helpers in
 (``dst.copy_(src)`` of 1 GiB, read + write).
 
     python benchmarks/kernels.py                          # one GPU, < 4 minutes
+    python benchmarks/kernels.py --ops dispatch_ids,dispatch_emb --dispatch-blocks sqrt
+                                                          # the previous dispatch blocks
     python benchmarks/kernels.py --quick --device cpu     # seconds: torch vs eager only
 """
 
@@ -306,6 +308,21 @@ def targets(rows: list[dict], copy: float) -> list[dict]:
     return out
 
 
+def dispatch_lines(rows: list[dict], copy: float, blocks: str) -> list[str]:
+    """One line per dispatch op and W: % of copy bandwidth and x torch (issue 18's
+    targets: >= 50% and >= 2x at every W up to 512)."""
+    out = []
+    for r in rows:
+        if r["op"].startswith("dispatch") and "triton_gbps" in r:
+            out.append(
+                f"{r['op']} W={r['world_size']} ({blocks} blocks): "
+                f"{100 * r['triton_gbps'] / copy:.1f}% of copy bandwidth, "
+                f"{r['torch_speedup']:.2f}x torch, GPU {fmt(r.get('triton_gpu_ms'))} ms "
+                f"of {r['triton_ms']:.3f} ms wall"
+            )
+    return out
+
+
 def fmt(value: float | None, spec: str = ".3f") -> str:
     return "-" if value is None else format(value, spec)
 
@@ -407,6 +424,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eager-budget", type=float, default=2.0, help="seconds per eager timing")
     p.add_argument("--time-limit", type=float, default=200.0, help="no eager runs after this")
     p.add_argument("--out", default=None, help="markdown path (JSON written beside it)")
+    p.add_argument(
+        "--dispatch-blocks",
+        choices=("flat", "sqrt"),
+        default="flat",
+        help="ranged dispatch rows per program: flat (64 up to W=1024, the default) or "
+        "sqrt (the previous sqrt(32 W) rule), to compare the two",
+    )
     args = p.parse_args(argv)
     if args.world_sizes is None:
         args.world_sizes = "2,4" if args.quick else "8,32,128,512"
@@ -425,6 +449,10 @@ def main(argv: list[str] | None = None) -> int:
     deadline = start + args.time_limit
     dev, sizes = args.device, QUICK if args.quick else Sizes()
     names = ("eager", "torch", "triton") if dev == "cuda" and not args.quick else ("eager", "torch")
+    if "triton" in names and args.dispatch_blocks == "sqrt":
+        from freescale.kernels import triton_dispatch
+
+        triton_dispatch.block_size = triton_dispatch.block_size_sqrt  # read at each launch
     copy = copy_gbps(dev, args.quick)
     print(f"device {dev}, copy bandwidth {copy:.0f} GB/s, impls {names}", flush=True)
     print(f"eager: timed while under {args.eager_budget} s per op (1 to 5 calls, count in"
@@ -449,6 +477,7 @@ def main(argv: list[str] | None = None) -> int:
         "copy_gbps": copy,
         "sizes": sizes.__dict__,
         "eager_budget": args.eager_budget,
+        "dispatch_blocks": args.dispatch_blocks,
         "seconds": round(time.perf_counter() - start, 1),
     }
     report(out, meta, rows, checks)
@@ -458,6 +487,8 @@ def main(argv: list[str] | None = None) -> int:
             f"target {c['op']} W={c['world_size']} {c['target']}: {c['value']}"
             f" {'PASS' if c['pass'] else 'MISS'}"
         )
+    for line in dispatch_lines(rows, copy, args.dispatch_blocks):
+        print(line)
     summary = {
         "benchmark": "kernels",
         "device": dev,

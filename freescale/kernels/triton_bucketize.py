@@ -1,7 +1,7 @@
 """Triton bucketize-by-shard: owner rank and local row of every id.
 
-Reference: `freescale.kernels.shard.bucketize_reference` (the formulas are in
-that module's docstring). One fused elementwise pass: the torch reference runs
+Reference: `freescale.kernels.shard.bucketize_reference` (`RowSharding.locate`;
+the formulas are in that module's docstring). One fused elementwise pass: the torch reference runs
 about ten elementwise kernels for the hashed scheme, each re-reading the ids.
 `owner_and_local` is reused inside the dispatch kernel so that owners are never
 materialized there.
@@ -32,25 +32,33 @@ def stripe_hash(g):
 
 
 @triton.jit
-def owner_and_local(x, W, rows_per_rank, HASHED: tl.constexpr):
-    """Owner rank and local row of int64 ids ``x >= 0``."""
+def owner_and_local(x, W, per, B, HASHED: tl.constexpr):
+    """Owner rank and local row of int64 ids ``x >= 0``: ``per`` slots per rank
+    (block), ``B`` ids per block of a stripe (hashed); `RowSharding.locate`."""
     if HASHED:
-        local = x // W
-        owner = (x % W + stripe_hash(local)) % W
+        span = B * W
+        stripe = x // span
+        within = x - stripe * span
+        block = within // B
+        owner = (block + stripe_hash(stripe)) % W
+        local = stripe * B + (within - block * B)
     else:
-        owner = x // rows_per_rank
-        local = x - owner * rows_per_rank
+        owner = x // per
+        local = x - owner * per
     return owner, local
 
 
+def sharding_args(sharding: RowSharding) -> tuple[int, int, int]:
+    """``(W, per, B)`` of `owner_and_local` (B = 1 is specialized by Triton)."""
+    return sharding.world_size, sharding.local_rows, sharding.block_size
+
+
 @triton.jit(do_not_specialize=["n"])
-def _bucketize_kernel(
-    ids, owner, local, n, W, rows_per_rank, HASHED: tl.constexpr, BLOCK: tl.constexpr
-):
+def _bucketize_kernel(ids, owner, local, n, W, per, B, HASHED: tl.constexpr, BLOCK: tl.constexpr):
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = i < n
     x = tl.load(ids + i, mask=mask, other=0)
-    o, loc = owner_and_local(x.to(tl.int64), W, rows_per_rank, HASHED)
+    o, loc = owner_and_local(x.to(tl.int64), W, per, B, HASHED)
     tl.store(owner + i, o, mask=mask)
     tl.store(local + i, loc.to(x.dtype), mask=mask)
 
@@ -69,9 +77,8 @@ def bucketize_triton(ids: Tensor, sharding: RowSharding) -> tuple[Tensor, Tensor
             owner,
             local,
             n,
-            sharding.world_size,
-            max(1, sharding.rows_per_rank),
-            HASHED=sharding.scheme == "hashed",
+            *sharding_args(sharding),
+            HASHED=sharding.kind == "hashed",
             BLOCK=BLOCK,
         )
     return owner, local
@@ -79,12 +86,12 @@ def bucketize_triton(ids: Tensor, sharding: RowSharding) -> tuple[Tensor, Tensor
 
 # ---- check and GB/s -------------------------------------------------------
 def check(device: str = "cuda", n: int = 100_000) -> None:
-    """Both schemes, int32 and int64 ids, against the reference."""
-    for scheme in ("block", "hashed"):
+    """Both kinds, block sizes 1 and 3, int32 and int64 ids, against the reference."""
+    for scheme, bs in (("block", 1), ("hashed", 1), ("hashed", 3)):
         for dtype in (torch.int32, torch.int64):
-            sharding = RowSharding(10_000_019, 96, scheme)
-            ids = torch.randint(0, sharding.num_rows, (n,), dtype=dtype, device=device)
-            ids[:2] = torch.tensor([0, sharding.num_rows - 1])
+            sharding = RowSharding(10_000_019, 96, scheme, bs)
+            ids = torch.randint(0, sharding.rows, (n,), dtype=dtype, device=device)
+            ids[:2] = torch.tensor([0, sharding.rows - 1])
             got, want = bucketize_triton(ids, sharding), bucketize_reference(ids, sharding)
             assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True)), scheme
 
@@ -92,7 +99,7 @@ def check(device: str = "cuda", n: int = 100_000) -> None:
 def bench(n: int = 512_000, world_size: int = 512) -> dict[str, float]:
     """Milliseconds and GB/s of the hashed scheme on CUDA."""
     sharding = RowSharding(100_000_000, world_size, "hashed")
-    ids = torch.randint(0, sharding.num_rows, (n,), device="cuda")
+    ids = torch.randint(0, sharding.rows, (n,), device="cuda")
     ms = bench_ms(lambda: bucketize_triton(ids, sharding))
     ref_ms = bench_ms(lambda: bucketize_reference(ids, sharding))
     return {"ms": ms, "torch_ms": ref_ms, "gbps": gbps(bucketize_bytes(n, 8), ms)}

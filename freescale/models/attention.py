@@ -7,21 +7,88 @@ Two patterns per layer:
 Both cost Σ_i L_i² (resp. Σ_i N_i·L_i): no padding, so a rank's compute
 time genuinely grows with its samples' lengths. A query with no keys (empty
 UIH) gets a zero output.
+
+What a pattern needs besides q/k/v (int32 boundaries, maxima, the mask of
+key-less queries, host boundaries for the reference) depends only on the
+batch's layout, not on the layer: `AttentionLayout` holds it, built once per
+forward by the model and shared by every layer (a layer used to rebuild it
+twice, ~8 small kernels each, and read maxima back on the host).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+IMPLS = ("auto", "reference", "varlen")
+
+
+@dataclass(frozen=True)
+class Segments:
+    """One jagged layout as attention reads it."""
+
+    offsets: Tensor  # int64 [B + 1]
+    cu: Tensor | None = None  # int32 copy of ``offsets`` (varlen)
+    max_len: int = 0  # longest segment (varlen)
+    bounds: list[int] | None = None  # ``offsets`` on the host (reference)
+
+
+@dataclass(frozen=True)
+class AttentionLayout:
+    """Query segment i attends to key segment i (causally when ``causal``)."""
+
+    impl: str  # reference | varlen
+    q: Segments
+    k: Segments
+    causal: bool
+    no_keys: Tensor | None = None  # [Tq, 1, 1] bool: queries whose sample has no keys
+
+
+def resolve_impl(impl: str, on_cuda: bool) -> str:
+    """``auto`` -> ``varlen`` on CUDA, ``reference`` elsewhere."""
+    if impl not in IMPLS:
+        raise ValueError(f"attention impl must be auto, reference or varlen, got {impl!r}")
+    if impl == "auto":
+        return "varlen" if on_cuda else "reference"
+    return impl
+
+
+def segments(offsets: Tensor, impl: str, max_len: int | None = None) -> Segments:
+    """``offsets`` prepared for ``impl`` (resolved); ``max_len`` spares a host read."""
+    if impl == "reference":
+        return Segments(offsets, bounds=offsets.tolist())
+    if max_len is None:
+        max_len = int((offsets[1:] - offsets[:-1]).max()) if offsets.numel() > 1 else 0
+    return Segments(offsets, cu=offsets.to(torch.int32), max_len=max_len)
+
+
+def attention_layout(q: Segments, k: Segments, causal: bool, num_queries: int) -> AttentionLayout:
+    """The layout of one pattern; the key-less mask is skipped where it is all
+    false by construction (queries and keys share one layout)."""
+    impl = "reference" if q.bounds is not None else "varlen"
+    no_keys = None
+    if impl == "varlen" and q.offsets is not k.offsets:
+        k_len = k.offsets[1:] - k.offsets[:-1]
+        q_len = q.offsets[1:] - q.offsets[:-1]
+        empty = torch.repeat_interleave(k_len == 0, q_len, output_size=num_queries)
+        no_keys = empty[:, None, None]
+    return AttentionLayout(impl, q, k, causal, no_keys)
 
 
 def reference_attention(
     q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, k_offsets: Tensor, causal: bool
 ) -> Tensor:
     """q: [Tq, H, d], k/v: [Tk, H, d]; segment i of q attends to segment i of k."""
+    return _reference(q, k, v, q_offsets.tolist(), k_offsets.tolist(), causal)
+
+
+def _reference(
+    q: Tensor, k: Tensor, v: Tensor, qb: list[int], kb: list[int], causal: bool
+) -> Tensor:
     out = torch.zeros_like(q)
-    qb, kb = q_offsets.tolist(), k_offsets.tolist()
     for i in range(len(qb) - 1):
         q0, q1, k0, k1 = qb[i], qb[i + 1], kb[i], kb[i + 1]
         if q1 == q0 or k1 == k0:
@@ -29,6 +96,37 @@ def reference_attention(
         qi, ki, vi = (t.transpose(0, 1) for t in (q[q0:q1], k[k0:k1], v[k0:k1]))
         out[q0:q1] = F.scaled_dot_product_attention(qi, ki, vi, is_causal=causal).transpose(0, 1)
     return out
+
+
+def _varlen(q: Tensor, k: Tensor, v: Tensor, layout: AttentionLayout) -> Tensor:
+    """Flash varlen attention (CUDA, bf16/fp16) over packed segments."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    dtype = q.dtype
+    half = torch.bfloat16 if dtype == torch.float32 else dtype
+    out = varlen_attn(
+        q.to(half),
+        k.to(half),
+        v.to(half),
+        layout.q.cu,
+        layout.k.cu,
+        max(layout.q.max_len, 1),
+        max(layout.k.max_len, 1),
+        window_size=(-1, 0) if layout.causal else (-1, -1),
+    )
+    out = out.to(dtype)
+    if layout.no_keys is None:
+        return out
+    # Queries of a sample without keys have nothing to attend to: output 0.
+    return out.masked_fill(layout.no_keys, 0.0)
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, layout: AttentionLayout) -> Tensor:
+    """Attention of one pattern whose layout was built once for the forward."""
+    if layout.impl == "reference":
+        assert layout.q.bounds is not None and layout.k.bounds is not None
+        return _reference(q, k, v, layout.q.bounds, layout.k.bounds, layout.causal)
+    return _varlen(q, k, v, layout)
 
 
 def varlen_attention(
@@ -41,28 +139,9 @@ def varlen_attention(
     max_q: int,
     max_k: int,
 ) -> Tensor:
-    """Flash varlen attention (CUDA, bf16/fp16) over packed segments."""
-    from torch.nn.attention.varlen import varlen_attn
-
-    dtype = q.dtype
-    half = torch.bfloat16 if dtype == torch.float32 else dtype
-    cu_q, cu_k = q_offsets.to(torch.int32), k_offsets.to(torch.int32)
-    out = varlen_attn(
-        q.to(half),
-        k.to(half),
-        v.to(half),
-        cu_q,
-        cu_k,
-        max(max_q, 1),
-        max(max_k, 1),
-        window_size=(-1, 0) if causal else (-1, -1),
-    )
-    out = out.to(dtype)
-    # Queries of a sample without keys have nothing to attend to: output 0.
-    k_len = k_offsets[1:] - k_offsets[:-1]
-    q_len = q_offsets[1:] - q_offsets[:-1]
-    empty = torch.repeat_interleave(k_len == 0, q_len, output_size=q.shape[0])
-    return out.masked_fill(empty[:, None, None], 0.0)
+    """Flash varlen attention of one call (builds its layout; see `attend`)."""
+    qs, ks = segments(q_offsets, "varlen", max_q), segments(k_offsets, "varlen", max_k)
+    return _varlen(q, k, v, attention_layout(qs, ks, causal, q.shape[0]))
 
 
 def jagged_attention(
@@ -76,14 +155,10 @@ def jagged_attention(
     max_k: int | None = None,
     impl: str = "auto",
 ) -> Tensor:
-    """Dispatch: ``varlen`` on CUDA, ``reference`` elsewhere (or when forced)."""
-    if impl == "auto":
-        impl = "varlen" if q.is_cuda else "reference"
-    if impl == "reference":
-        return reference_attention(q, k, v, q_offsets, k_offsets, causal)
-    if impl != "varlen":
-        raise ValueError(f"attention impl must be auto, reference or varlen, got {impl!r}")
+    """One call: ``varlen`` on CUDA, ``reference`` elsewhere (or when forced)."""
+    impl = resolve_impl(impl, q.is_cuda)
     if max_q is None or max_k is None:
-        max_q = int((q_offsets[1:] - q_offsets[:-1]).max()) if q_offsets.numel() > 1 else 0
-        max_k = int((k_offsets[1:] - k_offsets[:-1]).max()) if k_offsets.numel() > 1 else 0
-    return varlen_attention(q, k, v, q_offsets, k_offsets, causal, max_q, max_k)
+        max_q = max_k = None
+    qs = segments(q_offsets, impl, max_q)
+    ks = qs if k_offsets is q_offsets and max_q == max_k else segments(k_offsets, impl, max_k)
+    return attend(q, k, v, attention_layout(qs, ks, causal, q.shape[0]))

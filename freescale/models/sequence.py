@@ -19,7 +19,13 @@ from torch import Tensor, nn
 
 from freescale.jagged.batch import CAND_IDS, CONTENT_IDS, UIH_ACTIONS, UIH_IDS, SampleBatch
 from freescale.jagged.ops import segment_ids
-from freescale.models.attention import jagged_attention
+from freescale.models.attention import (
+    AttentionLayout,
+    attend,
+    attention_layout,
+    resolve_impl,
+    segments,
+)
 
 
 @dataclass(frozen=True)
@@ -59,19 +65,14 @@ class Block(nn.Module):
         return x.view(x.shape[0], self.heads, x.shape[-1] // self.heads)  # 0 rows work too
 
     def forward(
-        self,
-        uih: Tensor,
-        cand: Tensor,
-        uih_off: Tensor,
-        cand_off: Tensor,
-        max_uih: int | None,
-        max_cand: int | None,
+        self, uih: Tensor, cand: Tensor, layout: tuple[AttentionLayout, AttentionLayout]
     ) -> tuple[Tensor, Tensor]:
+        """``layout``: (UIH self-attention, candidate cross-attention), from `attention_layouts`."""
         qu, ku, vu = self.qkv(self.norm1(uih)).chunk(3, dim=-1)
         qc = self.qkv(self.norm1(cand)).chunk(3, dim=-1)[0]
         qu, ku, vu, qc = (self._heads(t) for t in (qu, ku, vu, qc))
-        self_att = jagged_attention(qu, ku, vu, uih_off, uih_off, True, max_uih, max_uih, self.impl)
-        cross = jagged_attention(qc, ku, vu, cand_off, uih_off, False, max_cand, max_uih, self.impl)
+        self_att = attend(qu, ku, vu, layout[0])
+        cross = attend(qc, ku, vu, layout[1])
         uih = uih + self.proj(self_att.flatten(1))
         cand = cand + self.proj(cross.flatten(1))
         return uih + self.mlp(self.norm2(uih)), cand + self.mlp(self.norm2(cand))
@@ -102,11 +103,30 @@ class SequenceModel(nn.Module):
         if self.dense_proj is not None and batch.dense is not None:
             per_cand = segment_ids(batch.candidates.offsets, n_c)
             cand = cand + self.dense_proj(batch.dense)[per_cand]
+        layout = self.attention_layouts(batch, rows.is_cuda, max_uih, max_candidates)
         for block in self.blocks:
-            uih, cand = block(
-                uih, cand, batch.uih.offsets, batch.candidates.offsets, max_uih, max_candidates
-            )
+            uih, cand = block(uih, cand, layout)
         return self.head(cand).squeeze(-1)
+
+    def attention_layouts(
+        self,
+        batch: SampleBatch,
+        on_cuda: bool,
+        max_uih: int | None = None,
+        max_candidates: int | None = None,
+    ) -> tuple[AttentionLayout, AttentionLayout]:
+        """(UIH self-attention, candidate cross-attention) layouts, once per forward:
+        every layer shares them. Maxima not given are read back in one host read."""
+        impl = resolve_impl(self.cfg.attention, on_cuda)
+        uih_off, cand_off = batch.uih.offsets, batch.candidates.offsets
+        if impl == "varlen" and (max_uih is None or max_candidates is None):
+            max_uih, max_candidates = _max_lengths(uih_off, cand_off)
+        uih = segments(uih_off, impl, max_uih)
+        cand = segments(cand_off, impl, max_candidates)
+        return (
+            attention_layout(uih, uih, True, batch.uih[UIH_IDS].numel()),
+            attention_layout(cand, uih, False, batch.num_candidates_total),
+        )
 
     def embedding_inputs(self, batch: SampleBatch) -> dict[str, Tensor]:
         """The ids each embedding module will be called with for ``batch``.
@@ -126,3 +146,10 @@ class SequenceModel(nn.Module):
         owner = segment_ids(batch.content.offsets, content_rows.shape[0])
         sums = content_rows.new_zeros(n_c, content_rows.shape[1]).index_add(0, owner, content_rows)
         return sums / lengths.clamp(min=1).unsqueeze(-1).to(sums.dtype)
+
+
+def _max_lengths(*offsets: Tensor) -> list[int]:
+    """Longest segment of each layout (0 when it has none), in one host read."""
+    if offsets[0].numel() < 2:
+        return [0] * len(offsets)
+    return torch.stack([(o[1:] - o[:-1]).max() for o in offsets]).tolist()

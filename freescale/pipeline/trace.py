@@ -62,6 +62,16 @@ class HostWait:
 
 
 @dataclass
+class HostStep:
+    """One profiled step on the host: its span, and the part spent waiting for the GPU."""
+
+    name: str
+    window_us: float
+    wait_us: float  # in `WAIT_CALLS` on the step's thread
+    host_us: float  # window - wait: the host issuing work (or doing its own)
+
+
+@dataclass
 class TraceSummary:
     min_gap_us: float
     window_us: float  # the longest device window; 0 without GPU events
@@ -186,6 +196,30 @@ def gpu_gaps(
     devices = [_device(d, gpu[d], cpu, steps, min_gap_us) for d in sorted(gpu, key=str)]
     window = max((d.window_us for d in devices), default=0.0)
     return TraceSummary(min_gap_us, window, devices, _host_waits(waits, ops, min_wait_us))
+
+
+def host_steps(trace: dict[str, Any]) -> list[HostStep]:
+    """Per profiled step (CPU ``ProfilerStep#`` span): host time and host waits
+    for the GPU on the step's own thread (other threads' waits block no launch)."""
+    events = trace.get("traceEvents") if isinstance(trace, dict) else None
+    if not isinstance(events, list):
+        raise ValueError("not a Chrome trace (no traceEvents list)")
+    steps, waits = [], []
+    for ev in events:
+        if not isinstance(ev, dict) or ev.get("ph") != "X" or "ts" not in ev:
+            continue
+        cat, name = str(ev.get("cat", "")).lower(), str(ev.get("name", ""))
+        s, e = float(ev["ts"]), float(ev["ts"]) + float(ev.get("dur", 0.0))
+        if name.startswith(STEP_PREFIX) and not cat.startswith("gpu_"):
+            steps.append((s, e, ev.get("tid"), name))
+        elif cat in CPU_CATS and name in WAIT_CALLS:
+            waits.append((s, e, ev.get("tid")))
+    out = []
+    for s, e, tid, name in sorted(steps, key=lambda x: x[0]):
+        mine = _union([(max(ws, s), min(we, e)) for ws, we, wt in waits if wt == tid])
+        wait = _length([(a, b) for a, b in mine if b > a])
+        out.append(HostStep(name, e - s, wait, e - s - wait))
+    return out
 
 
 def _ms(us: float) -> str:

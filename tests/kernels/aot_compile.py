@@ -82,7 +82,7 @@ def variants(quick: bool = False) -> Iterator[Variant]:
             yield f"dispatch.owners mode={mode}", dispatch._owners_kernel, ptrs, consts
         place = {"BLOCK": block, "SUB": sub}
         for local_mode, (words, wtype) in ((mode, (1, i64)), (0, (64, i64)), (0, (3, "*i16"))):
-            ptrs = {"dest32": "*i32", "cum": i64, "hist": "*i32", "positions": i64,
+            ptrs = {"dest32": "*i32", "cum": "*i32", "hist": "*i32", "positions": i64,
                     "values": wtype, "send": wtype, "offsets": i64, "counts": i64}  # fmt: skip
             c = place | {"LOCAL_MODE": local_mode, "BLOCK_W": dispatch.next_pow2(words)}
             yield (

@@ -94,11 +94,14 @@ def test_triton_equals_reference(triton_device, case, block):
     dtype=st.sampled_from(ID_DTYPES),
     local=st.booleans(),
     block=st.sampled_from([None, 8]),
+    block_size=st.sampled_from([1, 3]),
 )
-def test_ids_paths_equal_reference(triton_device, n, seed, world, scheme, dtype, local, block):
+def test_ids_paths_equal_reference(
+    triton_device, n, seed, world, scheme, dtype, local, block, block_size
+):
     from freescale.kernels.triton_dispatch import ranged_dispatch_ids_triton
 
-    sharding = RowSharding(NUM_ROWS, world, scheme)
+    sharding = RowSharding(NUM_ROWS, world, scheme, block_size)
     ids = ids_tensor(n, seed, dtype)
     want = ranged_dispatch_ids(ids, sharding, local=local, impl="torch")
     assert want[0].dtype == dtype
@@ -148,3 +151,15 @@ def test_validation_errors():
         ranged_combine(torch.zeros(3), plan)
     with pytest.raises(ValueError, match="rows"):
         apply_dispatch(torch.zeros(3), plan)
+
+
+def test_dispatch_block_does_not_grow_with_world_size_up_to_1024(triton_device):
+    """Compares cost O(BLOCK) per row: the block stays at 64 rows for every W the
+    paper runs; beyond W = 1024 it grows like sqrt(W) so the W x blocks histogram
+    stays smaller than the rows."""
+    from freescale.kernels.triton_dispatch import block_size, block_size_sqrt
+
+    assert {block_size(w) for w in (1, 8, 32, 128, 256, 512, 1024)} == {64}
+    assert block_size_sqrt(512) == 128  # the previous rule, kept for benchmarks
+    sizes = [block_size(w) for w in (1025, 2048, 4096, 16384, 2**20)]
+    assert sizes == sorted(sizes) and sizes[-1] == 1024 and sizes[2] == 128

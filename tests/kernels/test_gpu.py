@@ -37,8 +37,8 @@ def test_dispatch_ids_realistic(scheme):
     from freescale.kernels import RowSharding, ranged_dispatch_ids
 
     sharding = RowSharding(50_000_000, 512, scheme)
-    ids = torch.randint(0, sharding.num_rows, (512_000,), device="cuda")
-    ids[:2] = torch.tensor([0, sharding.num_rows - 1])
+    ids = torch.randint(0, sharding.rows, (512_000,), device="cuda")
+    ids[:2] = torch.tensor([0, sharding.rows - 1])
     for local in (True, False):
         got = ranged_dispatch_ids(ids, sharding, local=local, impl="triton")
         want = ranged_dispatch_ids(ids, sharding, local=local, impl="torch")

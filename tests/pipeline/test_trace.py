@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from freescale.pipeline.trace import format_summary, gpu_gaps, load_trace
+from freescale.pipeline.trace import format_summary, gpu_gaps, host_steps, load_trace
 
 
 def kernel(ts, dur, name="gemm", stream=7, device=0, cat="kernel"):
@@ -67,6 +67,17 @@ def test_steps_intersect_the_cpu_step_span():
     rows = [(r.name, r.window_us, r.busy_us, r.idle_us) for r in d.steps]
     assert rows == [("ProfilerStep#2", 300, 250, 50), ("ProfilerStep#3", 500, 140, 360)]
     assert d.steps[1].idle_pct == pytest.approx(72.0)
+
+
+def test_host_steps_subtract_waits_on_the_step_thread_only():
+    trace = one_gpu_trace()
+    # A wait on another thread (a loader's pinned copy, say) blocks no launch.
+    trace["traceEvents"].append({**cpu(100, 50, "cudaMemcpyAsync", "cuda_runtime"), "tid": 2})
+    rows = [(h.name, h.window_us, h.wait_us, h.host_us) for h in host_steps(trace)]
+    # The 350 us cudaStreamSynchronize at 250 is split between the two steps.
+    assert rows == [("ProfilerStep#2", 300, 50, 250), ("ProfilerStep#3", 500, 300, 200)]
+    with pytest.raises(ValueError, match="traceEvents"):
+        host_steps({"x": 1})
 
 
 def test_two_devices_reported_separately():
