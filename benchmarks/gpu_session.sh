@@ -120,6 +120,9 @@ PY
       step=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['step_ms'])" "$out/nf-sync.json")
       timeout 200 python3 benchmarks/nonfinite_cost.py --preset h200-21k --batch 64 \
         --step-ms "$step" --out "$out/nonfinite-cost-1xH200" 2>&1 | tail -9 ;;
+    hostprofile)  # issue 18: where the host time goes at batch 32 (cProfile, W = 1)
+      timeout 200 python3 benchmarks/host_profile.py --preset h200-21k --batch 32 --steps 40 \
+        --out "$out/host-profile-21k-b32.txt" 2>&1 | grep -A14 "by tottime" | tail -12 ;;
     smfree1)  # issue 12 on one GPU: processes sharing it
       timeout 300 python3 -m pytest -q -p no:cacheprovider tests/comm/test_smfree_gpu.py 2>&1 \
         | tail -5 || status=1
