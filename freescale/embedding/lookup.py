@@ -118,8 +118,9 @@ class ShardedLookup(torch.autograd.Function):
             if any(call.recv_slots is None for call in ctx.calls):
                 raise RuntimeError("backward ran twice through one sharded lookup")
             skip = None
-            if ctx.guard is not None:
-                skip = ctx.guard.agree(grads, ctx.calls[0].store.weight.device)
+            if ctx.guard is not None:  # the first wait for the other ranks: timed as such
+                with ctx.timer("grad_a2a"):
+                    skip = ctx.guard.agree(grads, ctx.calls[0].store.weight.device)
             for call, grad in zip(ctx.calls, grads, strict=True):
                 _backward(call, ctx.comm, grad, ctx.timer, skip)
         return None, None, None, None, None

@@ -224,7 +224,8 @@ class PrioritizedSchedule:
         nxt = self.steps[0] if self.steps else None
         skip = None
         if self.guard is not None and state.calls():
-            skip = self.guard.agree(grads, state.prepared.calls[0].store.weight.device)
+            with self.timer("grad_a2a"):  # waits for the other ranks' backward
+                skip = self.guard.agree(grads, state.prepared.calls[0].store.weight.device)
         deferred: list[tuple[ShardStore, Tensor, Tensor, Link, tuple[int, ...]]] = []
         for (g, call), grad in zip(state.calls().items(), grads, strict=True):
             grad_send = apply_dispatch(grad.to(call.store.dtype).contiguous(), call.plan)

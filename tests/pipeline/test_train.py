@@ -108,7 +108,7 @@ def test_more_ranks_than_samples_fails_at_start(tmp_path):
     data.write_text("1 1\n1 2\n2 1\n2 3\n")  # two users -> two samples
     proc = _cli("--set", f"data=sasrec:{data}", "--nproc", "3")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert "more ranks (3) than samples (2)" in proc.stderr
+    assert "do not fill one global batch of world size 3" in proc.stderr
 
 
 def test_train_cli_prints_a_json_summary(tmp_path):
