@@ -41,6 +41,12 @@ for part in "$@"; do
     embedding)
       timeout 200 torchrun --standalone --nproc-per-node 2 benchmarks/embedding.py \
         --out "$out/embedding_2xH200.md" 2>&1 | grep -v Warning | tail -12 ;;
+    lookup1)  # issue 18: the lookup's 1e7-row shortfall — table size or id distribution?
+      for alpha in 1.05 0; do
+        timeout 150 torchrun --standalone --nproc-per-node 1 benchmarks/embedding.py \
+          --rows 1e7,1e8 --alpha $alpha --out "$out/embedding-1xH200-alpha$alpha.md" 2>&1 \
+          | grep -v Warning | tail -4
+      done ;;
     scaling21k|scaling8k)
       uih=21000; [ "$part" = scaling8k ] && uih=8000
       timeout 590 python3 benchmarks/scaling.py --preset h200-21k --nproc "$sizes" \
