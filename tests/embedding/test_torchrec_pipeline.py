@@ -131,27 +131,23 @@ class _Mixed(nn.Module):
         return loss, batch.sample_id
 
 
-def _sparse_dist_rank() -> bytes:
+def mixed_dmp(comm):
+    """``_Mixed`` with ours swapped and TorchRec's sharded row-wise by DMP; also
+    returns our collection and the dense optimizer (the docs test uses it too)."""
     import torch.distributed as dist
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from torchrec.distributed.embedding import EmbeddingCollectionSharder
     from torchrec.distributed.embedding_types import EmbeddingComputeKernel
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.sharding_plan import construct_module_sharding_plan, row_wise
-    from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
     from torchrec.distributed.types import ShardingEnv
     from torchrec.distributed.types import ShardingPlan as TRPlan
 
-    from freescale.balance import BalancerConfig
-    from freescale.comm import TorchCommunicator
     from freescale.embedding import SGD, ShardingPlan, swap
-    from freescale.embedding.torchrec_pipeline import balanced_batches
 
-    rank, world = dist.get_rank(), dist.get_world_size()
-    comm = TorchCommunicator()
+    world = dist.get_world_size()
     model = _Mixed()
     coll = swap(model, ShardingPlan(optimizer=SGD(lr=0.1), modules=("seq",)), comm)
-    before = coll.full_table("seq.item")
     sharder = EmbeddingCollectionSharder(
         fused_params={"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": 0.1}
     )
@@ -170,9 +166,22 @@ def _sparse_dist_rank() -> bytes:
         plan=TRPlan({"theirs": plan}),
         sharders=[sharder],
     )
-    optimizer = torch.optim.SGD(dmp.module.head.parameters(), lr=0.1)
+    return dmp, coll, torch.optim.SGD(dmp.module.head.parameters(), lr=0.1)
+
+
+def _sparse_dist_rank() -> bytes:
+    import torch.distributed as dist
+    from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+
+    from freescale.balance import BalancerConfig
+    from freescale.comm import TorchCommunicator
+    from freescale.embedding.torchrec_pipeline import balanced_batches
+
+    comm = TorchCommunicator()
+    dmp, coll, optimizer = mixed_dmp(comm)
+    before = coll.full_table("seq.item")
     pipeline = TrainPipelineSparseDist(dmp, optimizer, torch.device("cpu"))
-    batches = balanced_batches(comm, _kjt_batches(rank), BalancerConfig("fbs"))
+    batches = balanced_batches(comm, kjt_batches(dist.get_rank()), BalancerConfig("fbs"))
     seen = []
     while True:
         try:
@@ -189,7 +198,7 @@ def _sparse_dist_rank() -> bytes:
     )
 
 
-def _kjt_batches(rank: int):
+def kjt_batches(rank: int):
     from freescale.embedding.torchrec_pipeline import KJTBatch
 
     first = 0
