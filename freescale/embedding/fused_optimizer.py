@@ -40,13 +40,48 @@ _TYPES: dict[str, type] = {
 _STORAGE_KEYS = {"output_dtype", "cache_load_factor", "cache_precision", "prefetch_pipeline"}
 
 
+_DECAY_MODES = ("NONE", "L2", "DECOUPLE", "COUNTER", "COWCLIP", "DECOUPLE_GLOBAL")
+
+
+def _decay_mode_name(mode: Any) -> str:
+    """``WeightDecayMode`` member, its name or its value -> the name."""
+    if isinstance(mode, int):
+        return _DECAY_MODES[mode] if 0 <= mode < len(_DECAY_MODES) else str(mode)
+    return str(getattr(mode, "name", mode)).upper()
+
+
+def _weight_decay(name: str, decay: float, mode: str) -> dict[str, Any]:
+    """Our decay fields for FBGEMM's ``weight_decay`` / ``weight_decay_mode`` of ``name``."""
+    if decay == 0.0:
+        return {}
+    cls = _TYPES[name]
+    if cls is SGD:
+        raise ValueError(f"fused_params: key 'weight_decay' does not apply to {name!r}")
+    if mode not in ("NONE", "L2", "DECOUPLE"):
+        raise ValueError(f"fused_params: key 'weight_decay_mode' = {mode} is not supported")
+    if cls is Adam:  # FBGEMM's Adam decays decoupled whatever the mode says
+        if mode == "L2":
+            raise ValueError(
+                "fused_params: key 'weight_decay_mode' = L2 with 'adam': FBGEMM's Adam "
+                "decays decoupled; use DECOUPLE"
+            )
+        return {"weight_decay": decay}
+    if mode == "NONE":  # FBGEMM's row-wise Adagrad would silently not decay
+        raise ValueError(
+            f"fused_params: key 'weight_decay' = {decay} with weight_decay_mode NONE "
+            "has no effect in FBGEMM; set weight_decay_mode to L2 or DECOUPLE"
+        )
+    return {"weight_decay": decay, "weight_decay_mode": "l2" if mode == "L2" else "decoupled"}
+
+
 def from_fused_params(fused_params: Mapping[str, Any]) -> OptimizerConfig:
     """The optimizer config of TorchRec's ``fused_params``.
 
     Reads ``optimizer`` (an ``EmbOptimType`` or its name), ``learning_rate``,
-    ``eps``, ``beta1``, ``beta2`` and ``weight_decay``. Raises ValueError,
-    naming the key, for anything we would not reproduce exactly (another
-    optimizer, a non-zero weight decay, an unknown key).
+    ``eps``, ``beta1``, ``beta2``, ``weight_decay`` and ``weight_decay_mode``
+    (a ``WeightDecayMode``, its name or value). Raises ValueError, naming the
+    key, for anything we would not reproduce exactly (another optimizer, a
+    decay FBGEMM would not apply, an unknown key).
     """
     params = dict(fused_params)
     kind = params.pop("optimizer", None)
@@ -66,9 +101,8 @@ def from_fused_params(fused_params: Mapping[str, Any]) -> OptimizerConfig:
                 raise ValueError(f"fused_params: key {key!r} does not apply to {name!r}")
             kwargs[field] = float(value)
     decay = float(params.pop("weight_decay", 0.0))
-    params.pop("weight_decay_mode", None)
-    if decay != 0.0:
-        raise ValueError(f"fused_params: key 'weight_decay' = {decay} is not supported (use 0)")
+    mode = _decay_mode_name(params.pop("weight_decay_mode", "NONE"))
+    kwargs.update(_weight_decay(name, decay, mode))
     unknown = sorted(k for k in params if k not in _STORAGE_KEYS)
     if unknown:
         raise ValueError(f"fused_params: key {unknown[0]!r} is not supported")
@@ -86,7 +120,7 @@ class _GroupLr:
 
 
 def _hyper(opt: OptimizerConfig) -> dict[str, Any]:
-    out: dict[str, Any] = {"lr": opt.lr, "weight_decay": 0.0}
+    out: dict[str, Any] = {"lr": opt.lr, "weight_decay": opt.weight_decay}
     if isinstance(opt, RowwiseAdagrad | Adam):
         out["eps"] = opt.eps
     if isinstance(opt, Adam):

@@ -11,6 +11,14 @@ The step of a table counts its backward passes (1 for the first update). It
 drives Adam's bias correction and the learning-rate hook ``lr_schedule(step)``
 (when given, it replaces ``lr``). Optimizer state is fp32 whatever the table
 dtype; the new weights are rounded to the table dtype once per update.
+
+Weight decay (``weight_decay > 0``) follows FBGEMM's definitions, and like
+everything else here it touches only the rows updated in the step: "l2" adds
+``weight_decay * w`` to the row's gradient before the optimizer sees it;
+"decoupled" subtracts ``lr * weight_decay * w`` (the old row) from the
+optimizer's result. SGD has one (the two agree), row-wise Adagrad both, Adam
+the decoupled one (FBGEMM's Adam, like AdamW). ``weight_decay = 0`` computes
+exactly what it did without the option.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -26,6 +35,19 @@ LrSchedule = Callable[[int], float]
 # ``lr`` and the bias corrections are per-row columns [U, 1] when the tables
 # of a store are at different steps, plain floats otherwise.
 Scalar = float | Tensor
+DecayMode = Literal["l2", "decoupled"]
+
+
+def _check_decay(weight_decay: float, mode: str, modes: tuple[str, ...]) -> None:
+    if not (math.isfinite(weight_decay) and weight_decay >= 0):
+        raise ValueError(f"weight_decay must be finite and >= 0, got {weight_decay}")
+    if mode not in modes:
+        raise ValueError(f"weight_decay_mode must be one of {modes}, got {mode!r}")
+
+
+def _decay_spec(weight_decay: float, mode: str) -> dict:
+    """The kernel's decay arguments: none at all when there is no decay."""
+    return {"weight_decay": weight_decay, "decay_mode": mode} if weight_decay else {}
 
 
 def _check_lr(lr: float, schedule: LrSchedule | None) -> None:
@@ -58,36 +80,46 @@ class _Base:
 
 @dataclass(frozen=True)
 class SGD(_Base):
-    """w <- w - lr * g."""
+    """w <- w - lr * (g + weight_decay * w)."""
 
     lr: float = 0.01
     lr_schedule: LrSchedule | None = None
+    weight_decay: float = 0.0
 
     def __post_init__(self) -> None:
         _check_lr(self.lr, self.lr_schedule)
+        _check_decay(self.weight_decay, "l2", ("l2",))
 
     def update(
         self, w: Tensor, state: dict[str, Tensor], g: Tensor, lr: Scalar, bc: tuple[Scalar, Scalar]
     ) -> Tensor:
+        if self.weight_decay:
+            g = g + self.weight_decay * w
         return w - lr * g
 
     def kernel_spec(self) -> dict:
-        return {"kind": "sgd"}
+        return {"kind": "sgd", **_decay_spec(self.weight_decay, "l2")}
 
 
 @dataclass(frozen=True)
 class RowwiseAdagrad(_Base):
-    """One accumulator per row: s <- s + mean(g^2); w <- w - lr * g / (sqrt(s) + eps)."""
+    """One accumulator per row: s <- s + mean(g^2); w <- w - lr * g / (sqrt(s) + eps).
+
+    ``weight_decay_mode`` "l2": ``g + weight_decay * w`` replaces ``g`` (in ``s``
+    too); "decoupled": ``lr * weight_decay * w`` is subtracted as well."""
 
     lr: float = 0.01
     eps: float = 1e-8
     initial_accumulator: float = 0.0
     lr_schedule: LrSchedule | None = None
+    weight_decay: float = 0.0
+    weight_decay_mode: DecayMode = "l2"
 
     def __post_init__(self) -> None:
         _check_lr(self.lr, self.lr_schedule)
         if not self.eps > 0 or self.initial_accumulator < 0:
             raise ValueError("RowwiseAdagrad needs eps > 0 and initial_accumulator >= 0")
+        _check_decay(self.weight_decay, self.weight_decay_mode, ("l2", "decoupled"))
 
     def state_specs(self, dim: int) -> dict[str, tuple[tuple[int, ...], float]]:
         return {"sum_sq": ((), self.initial_accumulator)}
@@ -95,28 +127,38 @@ class RowwiseAdagrad(_Base):
     def update(
         self, w: Tensor, state: dict[str, Tensor], g: Tensor, lr: Scalar, bc: tuple[Scalar, Scalar]
     ) -> Tensor:
+        decay, mode = self.weight_decay, self.weight_decay_mode
+        if decay and mode == "l2":
+            g = g + decay * w
         s = state["sum_sq"] + (g * g).mean(dim=1)
         state["sum_sq"] = s
-        return w - lr * g / (s.sqrt().unsqueeze(1) + self.eps)
+        new = w - lr * g / (s.sqrt().unsqueeze(1) + self.eps)
+        if decay and mode == "decoupled":
+            new = new - lr * decay * w
+        return new
 
     def kernel_spec(self) -> dict:
-        return {"kind": "rowwise_adagrad", "eps": self.eps}
+        decay = _decay_spec(self.weight_decay, self.weight_decay_mode)
+        return {"kind": "rowwise_adagrad", "eps": self.eps, **decay}
 
 
 @dataclass(frozen=True)
 class Adam(_Base):
-    """Per-element moments stored per row; bias correction from the table's step."""
+    """Per-element moments stored per row; bias correction from the table's step.
+    Weight decay is decoupled: ``lr * weight_decay * w`` is subtracted too."""
 
     lr: float = 0.001
     beta1: float = 0.9
     beta2: float = 0.999
     eps: float = 1e-8
     lr_schedule: LrSchedule | None = None
+    weight_decay: float = 0.0
 
     def __post_init__(self) -> None:
         _check_lr(self.lr, self.lr_schedule)
         if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1 and self.eps > 0):
             raise ValueError("Adam needs 0 <= beta1, beta2 < 1 and eps > 0")
+        _check_decay(self.weight_decay, "decoupled", ("decoupled",))
 
     def bias_corrections(self, step: int) -> tuple[float, float]:
         return 1.0 - self.beta1**step, 1.0 - self.beta2**step
@@ -131,10 +173,14 @@ class Adam(_Base):
         v = self.beta2 * state["exp_avg_sq"] + (1.0 - self.beta2) * (g * g)
         state["exp_avg"], state["exp_avg_sq"] = m, v
         denom = (v / bc[1]).sqrt() + self.eps
-        return w - lr * (m / bc[0]) / denom
+        new = w - lr * (m / bc[0]) / denom
+        if self.weight_decay:
+            new = new - lr * self.weight_decay * w
+        return new
 
     def kernel_spec(self) -> dict:
-        return {"kind": "adam", "eps": self.eps, "betas": (self.beta1, self.beta2)}
+        decay = _decay_spec(self.weight_decay, "decoupled")
+        return {"kind": "adam", "eps": self.eps, "betas": (self.beta1, self.beta2), **decay}
 
 
 OptimizerConfig = SGD | RowwiseAdagrad | Adam

@@ -13,6 +13,10 @@ Without an initialized ``torch.distributed`` (thread-simulated ranks) the
 entries are whole tables (gathered, a collective). Loading accepts either: a
 plain ``[rows, ...]`` tensor (e.g. an unsharded model's weight) is sliced.
 
+Being collectives, saving (and loading sharded entries) first checks that
+every rank called it (`rank_agreement.agree`): one rank alone gets a
+RuntimeError within seconds instead of a hang until the group's timeout.
+
 Keys, under a swapped module's path: ``<table>.weight``,
 ``<table>.optimizer.<state>`` (e.g. Adagrad's ``sum_sq``) and
 ``<table>.optimizer.step`` (updates received; drives lr hooks and Adam).
@@ -28,6 +32,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from freescale.comm import Communicator
+from freescale.embedding.rank_agreement import agree
 from freescale.embedding.sharding import RowSharding
 
 if TYPE_CHECKING:
@@ -96,6 +101,14 @@ def _process_group(comm: Communicator) -> Any:
     return group if group is not None else dist.group.WORLD
 
 
+def _agree(comm: Communicator, what: str) -> None:
+    """`agree` over ``comm``'s torch process group; nothing for other transports
+    (thread-simulated ranks; smfree fails a silent peer by its own timeout)."""
+    group = _process_group(comm)
+    if group is not None:
+        agree(group, what)
+
+
 def _as_global(sharding: RowSharding, comm: Communicator, local: Tensor, gather: Any) -> Tensor:
     group = _process_group(comm)
     if group is None:
@@ -143,6 +156,7 @@ def save_tables(
     ``collection.tables_left_out()``."""
     if not collection.tables_in_state_dict:
         return
+    _agree(collection.comm, f"state_dict() of the tables under {prefix!r}")
     collection.flush()
     for local_name, name in tables.items():
         base = prefix + (local_name + "." if local_name else "")
@@ -173,11 +187,15 @@ def load_tables(
 ) -> None:
     """Read what `save_tables` wrote (or whole plain tables) back into the collection;
     nothing inside ``collection.tables_left_out()``."""
+    from torch.distributed.tensor import DTensor
+
     if not collection.tables_in_state_dict:
         return
     prio = collection._prio
     if prio is not None and prio.steps:
         raise RuntimeError("load a checkpoint with no prioritized step prefetched")
+    if any(isinstance(v, DTensor) for k, v in state_dict.items() if k.startswith(prefix)):
+        _agree(collection.comm, f"load_state_dict() of sharded tables under {prefix!r}")
     collection.flush()
     ours: set[str] = set()
     for local_name, name in tables.items():

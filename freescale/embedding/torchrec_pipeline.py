@@ -1,19 +1,25 @@
-"""FreeScale's load balancer as a stage of TorchRec's ``StagedTrainPipeline``.
+"""FreeScale's load balancer in front of TorchRec's training pipelines.
 
 A TorchRec user keeps TorchRec's pipeline and data loader; batches travel as
 `KJTBatch` (a TorchRec ``Pipelineable``: sparse features as one KJT in
 `to_kjt`'s layout, plus labels, global sample ids and optional dense
-features). `balance_stage` returns a ``PipelineStage`` that moves samples
-between ranks so that every rank gets a similar amount of sequence work
-(``LoadBalancer.balance``: all three stages back to back).
+features). Samples move between ranks so that every rank gets a similar
+amount of sequence work (``LoadBalancer.balance``: all three stages back to
+back), in one of two places:
 
-The stage is a collective: every rank must run the pipeline over the same
-number of batches (as with TorchRec's own sparse-data-dist stage). TorchRec
-is imported only when a stage is built (it pulls in Triton).
+- `balance_stage`: a ``PipelineStage`` of ``StagedTrainPipeline``;
+- `balanced_batches`: wraps the batch iterator, for pipelines that take one
+  and run the model themselves (``TrainPipelineSparseDist``,
+  ``TrainPipelineBase``): each batch they pull is already balanced.
+
+Both are collectives: every rank must run the pipeline over the same number
+of batches (as with TorchRec's own sparse-data-dist stage). TorchRec is
+imported only when one is built (it pulls in Triton).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -84,6 +90,27 @@ class BalanceRunnable:
         return KJTBatch.from_sample_batch(self.balancer.balance(batch.to_sample_batch()))
 
 
+def _register_pipelineable() -> None:
+    """Make ``isinstance(batch, Pipelineable)`` hold, as TorchRec's pipelines
+    assert, without importing TorchRec with this module."""
+    from torchrec.streamable import Pipelineable
+
+    Pipelineable.register(KJTBatch)
+
+
+def balanced_batches(
+    comm: Communicator, batches: Iterable[KJTBatch], config: BalancerConfig | None = None
+) -> Iterator[KJTBatch]:
+    """This rank's balanced share of each global step, one per batch of ``batches``.
+
+    Hand it to ``TrainPipelineSparseDist.progress``: the pipeline pulls batches
+    ahead (to copy them and start their input dist early), and every rank
+    pulls at the same points, so the balancer's collective lines up."""
+    _register_pipelineable()
+    runnable = BalanceRunnable(LoadBalancer(comm, config))
+    return (runnable(batch) for batch in batches)
+
+
 def balance_stage(
     comm: Communicator,
     config: BalancerConfig | None = None,
@@ -99,5 +126,6 @@ def balance_stage(
         stream = torch.cuda.current_stream(dev) if dev.type == "cuda" else torch.Stream(dev.type)
     from torchrec.distributed.train_pipeline.pipeline_stage import PipelineStage
 
+    _register_pipelineable()
     runnable = BalanceRunnable(LoadBalancer(comm, config))
     return PipelineStage(name=name, runnable=runnable, stream=stream)  # type: ignore[arg-type]

@@ -42,6 +42,8 @@ from freescale.kernels.triton_common import cdiv, check_launchable, next_pow2
 
 CHUNK = 32
 KINDS = {"sgd": 0, "rowwise_adagrad": 1, "adam": 2}
+# Weight decay (`freescale.embedding.optim`): 0 = none, the code of an undecayed update.
+DECAY_MODES = {"l2": 1, "decoupled": 2}
 
 
 # ---- kernels --------------------------------------------------------------
@@ -87,9 +89,11 @@ def _apply_kernel(
     eps,
     beta1,
     beta2,
+    weight_decay,
     D,
     D_f,
     KIND: tl.constexpr,
+    DECAY: tl.constexpr,
     PER_ROW: tl.constexpr,
     CHUNK: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -123,20 +127,24 @@ def _apply_kernel(
             bc2 = tl.load(b2_rows + u)
         wp = weight + r * D + cols
         w = tl.load(wp, mask=cm, other=0.0).to(tl.float32)
+        if DECAY == 1:  # L2: the decay term joins the gradient
+            g = g + weight_decay * w
         if KIND == 0:
-            w = w - lr * g
+            new = w - lr * g
         elif KIND == 1:
             s = tl.load(state1 + r) + tl.div_rn(tl.reduce(g * g, 0, _add), D_f)
             tl.store(state1 + r, s)
-            w = w - tl.div_rn(lr * g, tl.sqrt_rn(s) + eps)
+            new = w - tl.div_rn(lr * g, tl.sqrt_rn(s) + eps)
         else:
             m = beta1 * tl.load(state1 + r * D + cols, mask=cm) + (1.0 - beta1) * g
             v = beta2 * tl.load(state2 + r * D + cols, mask=cm) + (1.0 - beta2) * (g * g)
             tl.store(state1 + r * D + cols, m, mask=cm)
             tl.store(state2 + r * D + cols, v, mask=cm)
             denom = tl.sqrt_rn(tl.div_rn(v, bc2)) + eps
-            w = w - tl.div_rn(lr * tl.div_rn(m, bc1), denom)
-        tl.store(wp, w.to(weight.dtype.element_ty), mask=cm)
+            new = w - tl.div_rn(lr * tl.div_rn(m, bc1), denom)
+        if DECAY == 2:  # decoupled: shrink the old row, apart from the optimizer
+            new = new - lr * weight_decay * w
+        tl.store(wp, new.to(weight.dtype.element_ty), mask=cm)
 
 
 @triton.jit
@@ -160,6 +168,8 @@ def sparse_update(
     bc: tuple[float | Tensor, float | Tensor],
     eps: float = 0.0,
     betas: tuple[float, float] = (0.0, 0.0),
+    weight_decay: float = 0.0,
+    decay_mode: str = "l2",
     frozen: Tensor | None = None,
     table_bounds: Tensor | None = None,
     skip: Tensor | None = None,
@@ -172,6 +182,7 @@ def sparse_update(
     table is found by bucketizing it into ``table_bounds`` (the first slot of
     every table but the first). ``frozen``: slots never updated (padding rows).
     ``skip``: a 0-dim device flag; when true no row changes (read on the device).
+    ``weight_decay`` / ``decay_mode``: as in `freescale.embedding.optim`.
     """
     n, D = grads.shape[0], weight.shape[1]
     if n == 0:
@@ -227,9 +238,11 @@ def sparse_update(
         float(eps),
         float(betas[0]),
         float(betas[1]),
+        float(weight_decay),
         D,
         float(D),
         KIND=KINDS[kind],
+        DECAY=DECAY_MODES[decay_mode] if weight_decay else 0,
         PER_ROW=per_row,
         CHUNK=CHUNK,
         BLOCK_D=BLOCK_D,

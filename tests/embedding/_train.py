@@ -45,6 +45,8 @@ def make_optimizer(name: str):
         return RowwiseAdagrad(lr=0.2, eps=1e-6, initial_accumulator=0.01)
     if name == "adam":
         return Adam(lr=0.05, beta1=0.8, beta2=0.95, eps=1e-6)
+    if name == "adagrad_l2":  # decay reads the row itself: still a per-row update
+        return RowwiseAdagrad(lr=0.2, eps=1e-6, initial_accumulator=0.01, weight_decay=0.1)
     raise ValueError(name)
 
 

@@ -37,12 +37,40 @@ def test_from_fused_params_maps_torchrec_names():
     assert from_fused_params({"optimizer": "sgd", "output_dtype": None}) == SGD()
 
 
+def test_from_fused_params_maps_weight_decay_as_fbgemm_applies_it():
+    fbgemm = pytest.importorskip("fbgemm_gpu.split_embedding_configs")
+    modes = pytest.importorskip("fbgemm_gpu.tbe.config.optimizer_config").WeightDecayMode
+    E = fbgemm.EmbOptimType
+    base = {"optimizer": E.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.1, "weight_decay": 0.01}
+    got = from_fused_params({**base, "weight_decay_mode": modes.L2})
+    assert got == RowwiseAdagrad(lr=0.1, weight_decay=0.01, weight_decay_mode="l2")
+    got = from_fused_params({**base, "weight_decay_mode": "decouple"})
+    assert got == RowwiseAdagrad(lr=0.1, weight_decay=0.01, weight_decay_mode="decoupled")
+    got = from_fused_params({"optimizer": E.ADAM, "weight_decay": 0.02, "weight_decay_mode": 2})
+    assert got == Adam(weight_decay=0.02)  # FBGEMM's Adam: decoupled
+    assert from_fused_params({"optimizer": "adam", "weight_decay": 0.02}) == Adam(weight_decay=0.02)
+    # Zero decay: whatever the mode, the plain optimizer.
+    assert from_fused_params({**base, "weight_decay": 0.0}) == RowwiseAdagrad(lr=0.1)
+
+
 @pytest.mark.parametrize(
     ("params", "match"),
     [
         ({"learning_rate": 0.1}, "'optimizer' is required"),
         ({"optimizer": "lamb"}, "optimizer 'lamb' is not one of"),
-        ({"optimizer": "adam", "weight_decay": 0.01}, "'weight_decay' = 0.01 is not supported"),
+        ({"optimizer": "exact_sgd", "weight_decay": 0.01}, "'weight_decay' does not apply"),
+        (
+            {"optimizer": "exact_row_wise_adagrad", "weight_decay": 0.01},
+            "weight_decay_mode NONE has no effect",
+        ),
+        (
+            {"optimizer": "exact_row_wise_adagrad", "weight_decay": 0.1, "weight_decay_mode": 3},
+            "'weight_decay_mode' = COUNTER is not supported",
+        ),
+        (
+            {"optimizer": "adam", "weight_decay": 0.1, "weight_decay_mode": "L2"},
+            "FBGEMM's Adam decays decoupled",
+        ),
         ({"optimizer": "exact_sgd", "eps": 1e-8}, "key 'eps' does not apply"),
         ({"optimizer": "exact_sgd", "gradient_clipping": True}, "'gradient_clipping' is not"),
     ],

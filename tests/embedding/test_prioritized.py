@@ -2,12 +2,13 @@
 
 The same sequence of global batches is trained twice per rank, synchronously
 and with prioritized updates, for SGD with an lr schedule that changes every
-step, row-wise Adagrad and Adam, over batches whose rows collide with the
-previous step's at a designed rate (0 %, ~5 %, ~50 %, 100 % = identical
-batches). Outputs, losses, tables, optimizer state and step counters must be
-equal bit for bit. The schedule varies on purpose: prefetch before and after
-forward, one step not prefetched (its forward runs in place), a flush and an
-evaluation lookup between steps, and a last step with nothing prefetched.
+step, row-wise Adagrad (plain and with L2 weight decay) and Adam, over batches
+whose rows collide with the previous step's at a designed rate (0 %, ~5 %,
+~50 %, 100 % = identical batches). Outputs, losses, tables, optimizer state
+and step counters must be equal bit for bit. The schedule varies on purpose:
+prefetch before and after forward, one step not prefetched (its forward runs
+in place), a flush and an evaluation lookup between steps, and a last step
+with nothing prefetched.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ FEATURES = {"uih": "items", "cand": "items", "act": "actions", "c2": "cands"}
 ROWS = {"items": 97, "actions": 13, "cands": 41}
 DISTINCT = {"items": 24, "actions": 5, "cands": 12}  # rows each table reads per step
 RATES = (0.0, 0.05, 0.5, 1.0)
-OPTIMIZERS = ("sgd", "adagrad", "adam")
+OPTIMIZERS = ("sgd", "adagrad", "adam", "adagrad_l2")
 STEPS = 8
 GAP = 2  # step GAP does not prefetch step GAP + 1
 # At step DROP nobody looks "act" up: table "actions" then lags one step behind

@@ -179,3 +179,39 @@ def _mismatch_rank(comm, model: Two):
 
 def test_load_state_dict_mismatches_fail_loudly():
     assert run_threads(_mismatch_rank, 2, _model()) == [True, True]
+
+
+def _one_rank_rank(model: Two) -> bytes:
+    """Rank 0 alone asks for the state dict; then rank 1 alone, too late for that round."""
+    import torch.distributed as dist
+
+    from freescale.embedding import rank_agreement
+
+    rank_agreement.TIMEOUT_S = 2.0  # the default (10 s) only makes the test slower
+    swap(model, PLAN, TorchCommunicator())
+    _train(model, 1, dist.get_rank())
+    keys = sorted(model.state_dict())  # every rank: the agreement holds
+    errors = {}
+    for alone in (0, 1):
+        if dist.get_rank() == alone:
+            try:
+                model.state_dict()
+            except RuntimeError as e:
+                errors[alone] = str(e)
+        dist.barrier()  # the other rank waits here, far from any exchange
+    return pack({"keys": keys, "errors": errors})
+
+
+def test_state_dict_on_one_rank_fails_fast_and_loudly_not_a_hang():
+    """A plain torch.save(model.state_dict()) on rank 0 only: before, rank 0 blocked in
+    the first AllToAll until the process group's timeout; now a RuntimeError says why
+    (run_ranks' timeout, the group's too, catches a hang)."""
+    per_rank = [unpack(x) for x in run_ranks(_one_rank_rank, 2, _model(), timeout=60)]
+    assert per_rank[0]["keys"] == sorted(KEYS)
+    first = per_rank[0]["errors"][0]
+    assert "every rank must call it (ranks [1] did not call it within 2 s)" in first
+    assert "tables_left_out()" in first and "dcp.save" in first
+    # Rank 1 reaches the round rank 0 gave up on: it raises too, rather than
+    # entering an exchange nobody else is in.
+    assert "a rank was more than 2 s late" in per_rank[1]["errors"][1]
+    assert set(per_rank[0]["errors"]) == {0} and set(per_rank[1]["errors"]) == {1}

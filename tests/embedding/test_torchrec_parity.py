@@ -66,10 +66,15 @@ def _loss(out: dict, target: torch.Tensor) -> torch.Tensor:
 
 
 def _with_enum(fused_params: dict) -> dict:
-    """TorchRec's CPU kernels want the ``EmbOptimType`` itself, not its name."""
+    """TorchRec's CPU kernels want the ``EmbOptimType`` (and ``WeightDecayMode``)
+    itself, not its name."""
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from fbgemm_gpu.tbe.config.optimizer_config import WeightDecayMode
 
-    return {**fused_params, "optimizer": EmbOptimType(fused_params["optimizer"])}
+    out = {**fused_params, "optimizer": EmbOptimType(fused_params["optimizer"])}
+    if "weight_decay_mode" in out:
+        out["weight_decay_mode"] = WeightDecayMode[out["weight_decay_mode"]]
+    return out
 
 
 def _torchrec_rank(fused_params: dict) -> bytes:
@@ -138,9 +143,14 @@ def _assemble(per_rank: list[dict], key: str) -> torch.Tensor:
     return torch.cat([t for _, t in pieces])
 
 
+ADAGRAD = {"optimizer": "exact_row_wise_adagrad", "learning_rate": 0.1, "eps": 1e-8}
 CASES = [
     ({"optimizer": "exact_sgd", "learning_rate": 0.05}, None),
-    ({"optimizer": "exact_row_wise_adagrad", "learning_rate": 0.1, "eps": 1e-8}, "sum_sq"),
+    (ADAGRAD, "sum_sq"),
+    # FBGEMM's CPU kernels have both decays for row-wise Adagrad (its Adam has no
+    # CPU kernel; Adam's decay is checked against torch.optim.AdamW instead).
+    ({**ADAGRAD, "weight_decay": 0.2, "weight_decay_mode": "L2"}, "sum_sq"),
+    ({**ADAGRAD, "weight_decay": 0.2, "weight_decay_mode": "DECOUPLE"}, "sum_sq"),
 ]
 
 
@@ -166,3 +176,7 @@ def test_parity_with_torchrec_rowwise_sharded_fused_optimizer_gloo():
             s_ours, s_theirs = ours[f"{n}.{state}"], _assemble(theirs, key).flatten()
             assert s_ours.max() > 1  # it accumulated
             torch.testing.assert_close(s_ours, s_theirs, rtol=1e-6, atol=1e-6)
+    # The decayed runs moved away from the undecayed one: the decay was applied.
+    plain = per_rank[0][1][1]["t1"]
+    for c in (2, 3):
+        assert (per_rank[0][c][1]["t1"] - plain).abs().max() > 1e-3

@@ -9,6 +9,13 @@ from freescale.embedding._ops import sum_duplicates
 from freescale.embedding.optim import SGD, Adam, RowwiseAdagrad, apply_rows, make_state
 
 OPTIMIZERS = [SGD(lr=0.1), RowwiseAdagrad(lr=0.05, initial_accumulator=0.1), Adam(lr=0.01)]
+DECAYED = [
+    SGD(lr=0.1, weight_decay=0.3),
+    RowwiseAdagrad(lr=0.05, initial_accumulator=0.1, weight_decay=0.2),
+    RowwiseAdagrad(lr=0.05, weight_decay=0.2, weight_decay_mode="decoupled"),
+    Adam(lr=0.01, weight_decay=0.5),
+]
+DECAYED_IDS = ["sgd-wd", "adagrad-l2", "adagrad-decoupled", "adam-wd"]
 
 
 @st.composite
@@ -26,7 +33,7 @@ def update_cases(draw):
     weight = torch.randn(rows, dim, generator=g)
     frozen = torch.tensor([0]) if draw(st.booleans()) else torch.zeros(0, dtype=torch.int64)
     per_table = draw(st.booleans())
-    return slots, grads, weight, frozen, per_table, draw(st.sampled_from(OPTIMIZERS))
+    return slots, grads, weight, frozen, per_table, draw(st.sampled_from(OPTIMIZERS + DECAYED))
 
 
 def reference(opt, weight, state, slots, grads, frozen, lr, bc):
@@ -43,7 +50,7 @@ def _cols(lr, bc, rows):
     return lr[t].unsqueeze(1), (bc[0][t].unsqueeze(1), bc[1][t].unsqueeze(1))
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(case=update_cases(), small_fan=st.booleans())
 def test_triton_update_matches_reference(triton_device, case, small_fan):
     from freescale.kernels import triton_update
@@ -107,10 +114,14 @@ def _check_update(triton_device, case):
 
 
 def test_kernel_specs_cover_every_optimizer():
-    from freescale.kernels.triton_update import KINDS
+    from freescale.kernels.triton_update import DECAY_MODES, KINDS
 
     for opt in OPTIMIZERS:
         assert opt.kernel_spec()["kind"] in KINDS
+        assert "weight_decay" not in opt.kernel_spec()  # no decay: the undecayed kernel
+    for opt in DECAYED:
+        assert opt.kernel_spec()["decay_mode"] in DECAY_MODES
+        assert opt.kernel_spec()["weight_decay"] > 0
     with pytest.raises(KeyError):
         KINDS["adamw"]
 
@@ -130,7 +141,7 @@ def _subset_case(seed: int):
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-@pytest.mark.parametrize("opt", OPTIMIZERS, ids=["sgd", "adagrad", "adam"])
+@pytest.mark.parametrize("opt", OPTIMIZERS + DECAYED, ids=["sgd", "adagrad", "adam", *DECAYED_IDS])
 def test_update_of_disjoint_row_subsets_equals_one_update(triton_device, seed, opt):
     """A row's sum depends only on its own contributions: updating the rows in two
     disjoint subsets (same contributions, same order) is bitwise one update
@@ -157,7 +168,7 @@ def test_update_of_disjoint_row_subsets_equals_one_update(triton_device, seed, o
 
 
 @pytest.mark.parametrize("skip", [True, False])
-@pytest.mark.parametrize("opt", OPTIMIZERS, ids=["sgd", "adagrad", "adam"])
+@pytest.mark.parametrize("opt", OPTIMIZERS + DECAYED, ids=["sgd", "adagrad", "adam", *DECAYED_IDS])
 def test_skip_flag_leaves_rows_and_state_alone(triton_device, opt, skip):
     """A true device flag (a non-finite step, `freescale.embedding.nonfinite`)
     changes no row and no state, in the Triton and torch paths; a false one is
