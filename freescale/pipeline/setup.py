@@ -135,7 +135,9 @@ class DenseSync:
         self.last_ready: tuple[int, object] | None = None
         # The sharded tables live outside the module tree, so DDP sees only
         # dense parameters (and the model has no buffers to broadcast).
-        self.ddp = DistributedDataParallel(model)
+        # Gradients as views of the all-reduce buckets: the reduced buckets are
+        # the gradients, no copy back per parameter after backward (same values).
+        self.ddp = DistributedDataParallel(model, gradient_as_bucket_view=True)
         self.ddp.register_comm_hook(self, DenseSync._hook)
 
     def cover_all(self, loss: Tensor) -> Tensor:
