@@ -37,11 +37,21 @@ def skip_flags(
     grads = [p.grad for p in params if p.grad is not None]
     dense = torch.zeros((), dtype=torch.bool, device=device)
     if grads:  # the norm is finite iff every element is (or it overflows: skip too)
-        dense = ~torch.isfinite(nn.utils.get_total_norm(grads))
+        dense = ~torch.isfinite(total_norm(grads))
     tables, here = guard.step_flag(), guard.seen_here()
     tables = dense.new_zeros(()) if tables is None else tables
     here = dense.new_zeros(()) if here is None else here
     return torch.stack([tables | dense, dense & ~tables, here])
+
+
+def total_norm(grads: list[Tensor]) -> Tensor:
+    """``nn.utils.get_total_norm(grads)``, the same value, without its per-tensor
+    ``.to`` calls when every gradient shares one device and dtype (one dispatch
+    per parameter on the step's host path); anything else goes to torch's."""
+    first = grads[0]
+    if all(g.device == first.device and g.dtype == first.dtype for g in grads):
+        return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    return nn.utils.get_total_norm(grads)
 
 
 class NonFiniteCount:

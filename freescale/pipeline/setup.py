@@ -128,14 +128,24 @@ class DenseSync:
     the global candidate count, so the right reduction is a plain sum. The
     hook also marks when the last bucket became ready: from there to the end
     of backward is the dense all-reduce time the compute stream is exposed to.
+    On one rank there is nothing to reduce: ``ddp`` is the model itself.
     """
 
     def __init__(self, model: nn.Module, mark) -> None:
         self.mark = mark
         self.last_ready: tuple[int, object] | None = None
+        self.model = model
+        if dist.get_world_size() == 1:
+            # One rank: the sum all-reduce is the identity. DDP would copy every
+            # gradient into its bucket (a kernel per parameter) and run its
+            # forward hooks on the host, for the same numbers.
+            self.ddp: nn.Module = model
+            return
         # The sharded tables live outside the module tree, so DDP sees only
         # dense parameters (and the model has no buffers to broadcast).
-        self.ddp = DistributedDataParallel(model)
+        # Gradients as views of the all-reduce buckets: the reduced buckets are
+        # the gradients, no copy back per parameter after backward (same values).
+        self.ddp = DistributedDataParallel(model, gradient_as_bucket_view=True)
         self.ddp.register_comm_hook(self, DenseSync._hook)
 
     def cover_all(self, loss: Tensor) -> Tensor:
@@ -147,7 +157,7 @@ class DenseSync:
         collectives would pair up wrongly (a hang). The zero term gives every
         parameter a (zero) gradient and changes no value.
         """
-        params = [p for p in self.ddp.module.parameters() if p.requires_grad]
+        params = [p for p in self.model.parameters() if p.requires_grad]
         return loss + sum(p.reshape(-1)[:1].sum() for p in params) * 0.0
 
     @staticmethod

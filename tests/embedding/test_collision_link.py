@@ -9,6 +9,7 @@ from freescale.embedding.collision_link import (
     owner_marks,
     owner_marks_reference,
     sum_per_peer,
+    sums_per_peer,
 )
 
 slots = st.lists(st.integers(0, 40), max_size=60).map(lambda v: torch.tensor(v, dtype=torch.int64))
@@ -44,3 +45,25 @@ def test_sum_per_peer_counts_marks_in_each_peers_range(counts, data):
         want.append(int(mark[start : start + c].sum()))
         start += c
     assert sum_per_peer(mark, counts).tolist() == want
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    layouts=st.lists(st.lists(st.integers(0, 6), min_size=3, max_size=3), min_size=1, max_size=4),
+    data=st.data(),
+)
+def test_sums_per_peer_of_several_marks_equal_one_at_a_time(layouts, data):
+    """The four marks of a link summed in one pass (empty buffers and peers included)."""
+    marks = [
+        torch.tensor(data.draw(st.lists(st.booleans(), min_size=sum(c), max_size=sum(c))),
+                     dtype=torch.bool)
+        for c in layouts
+    ]  # fmt: skip
+    got = sums_per_peer(marks, layouts)
+    assert got.shape == (len(marks), 3)
+    for row, mark, counts in zip(got.tolist(), marks, layouts, strict=True):
+        want, start = [], 0
+        for c in counts:
+            want.append(int(mark[start : start + c].sum()))
+            start += c
+        assert row == want
