@@ -111,8 +111,10 @@ class Sweep:
             "--modes", _csv(self.modes), "--balance", _csv(balance),
             "--steps", str(steps), "--warmup", str(warmup), "--out", str(out),
         ]  # fmt: skip
-        if self.script == "exposed_comm.py" and not vary:
-            argv += ["--vary", "step_overlap=1"]  # its default axis otherwise
+        if self.script == "exposed_comm.py" and not any(
+            v.startswith("step_overlap=") for v in vary
+        ):
+            argv += ["--vary", "step_overlap=1"]  # else its default axis (1, 0.5, 0) joins in
         for v in vary:
             argv += ["--vary", v]
         for s in (*self.sets, *(("device=cpu",) if smoke else ())):

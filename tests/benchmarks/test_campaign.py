@@ -49,6 +49,10 @@ def test_smoke_commands_are_tiny_and_on_cpu():
     assert argv[argv.index("--vary") + 1] == "step_overlap=0,1"
     assert "device=cpu" in argv and argv[argv.index("--nproc") + 1] == "8"
     assert argv[argv.index("--max-uih") + 1] == "64"
+    # exposed_comm.py's default step_overlap axis must not multiply the zipf sweep
+    argv = campaign.PARTS["fig9c"].sweeps[0].argv(2, Path("/x/o"), smoke=False)
+    varies = [argv[i + 1] for i, a in enumerate(argv) if a == "--vary"]
+    assert varies == ["step_overlap=1", "zipf_alpha=1.2,1.6,1.8"]
 
 
 def test_bad_part_names_are_one_line_errors(capsys):
