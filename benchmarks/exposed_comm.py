@@ -62,7 +62,8 @@ def table(rows: list[dict]) -> list[str]:
         base = sync.get((r["nproc"], r["max_uih"], r.get("step_overlap")))
         ratio = total / sum(base["exposed_comm_ms"][p] for p in PARTS) if base else float("nan")
         eg = e["emb_a2a"] + e["grad_a2a"]
-        base_eg = base["exposed_comm_ms"]["emb_a2a"] + base["exposed_comm_ms"]["grad_a2a"]
+        # A sweep without sync points (campaign.py's fig9b-fs) has no baseline here.
+        base_eg = base and base["exposed_comm_ms"]["emb_a2a"] + base["exposed_comm_ms"]["grad_a2a"]
         eg_ratio = eg / base_eg if base else float("nan")
         rows_pct, ids_pct = r.get("collision_rows_pct"), r.get("collision_ids_pct")
         lines.append(

@@ -19,6 +19,10 @@ markdown, ends with one JSON line.
 
     python benchmarks/interference.py                                # 1 GPU: host, smcopy
     torchrun --nproc-per-node 2 benchmarks/interference.py --backgrounds host,smcopy,nccl,smfree
+    torchrun --nproc-per-node 4 benchmarks/interference.py --device cpu --backgrounds nccl,smfree
+
+``--device cpu`` (gloo ranks; ``nccl`` then names torch.distributed's own
+AllToAll) checks the script end to end; its times say nothing about a GPU.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import os
 import statistics
 import sys
 import threading
+import time
 from collections.abc import Callable
 from datetime import date
 from pathlib import Path
@@ -37,12 +42,19 @@ import torch
 import torch.distributed as dist
 
 Fn = Callable[[], None]
+DEVICE = "cuda"  # --device
+
+
+def _dtype() -> torch.dtype:
+    return torch.bfloat16 if DEVICE == "cuda" else torch.float32
 
 
 def time_ms(fn: Fn, reps: int) -> float:
     """Median of ``reps`` event-timed calls (after 3 warm-ups)."""
     for _ in range(3):
         fn()
+    if DEVICE == "cpu":
+        return _time_ms_host(fn, reps)
     times = []
     for _ in range(reps):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -54,35 +66,45 @@ def time_ms(fn: Fn, reps: int) -> float:
     return statistics.median(times)
 
 
+def _time_ms_host(fn: Fn, reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append(1000 * (time.perf_counter() - start))
+    return statistics.median(times)
+
+
 # ---- foreground ---------------------------------------------------------------
 def attention(uih: int, dim: int, total_tokens: int) -> Fn:
     from freescale.models.attention import jagged_attention
 
     heads = max(1, dim // 64)
     n = max(1, total_tokens // uih)
-    offsets = torch.arange(0, (n + 1) * uih, uih, device="cuda", dtype=torch.int64)
+    offsets = torch.arange(0, (n + 1) * uih, uih, device=DEVICE, dtype=torch.int64)
     q, k, v = (
-        torch.randn(n * uih, heads, dim // heads, device="cuda", dtype=torch.bfloat16,
+        torch.randn(n * uih, heads, dim // heads, device=DEVICE, dtype=_dtype(),
                     requires_grad=True)
         for _ in range(3)
     )  # fmt: skip
-    grad = torch.randn(n * uih, heads, dim // heads, device="cuda", dtype=torch.bfloat16)
+    grad = torch.randn(n * uih, heads, dim // heads, device=DEVICE, dtype=_dtype())
+    impl = "varlen" if DEVICE == "cuda" else "reference"
 
     def run() -> None:
-        out = jagged_attention(q, k, v, offsets, offsets, True, uih, uih, "varlen")
+        out = jagged_attention(q, k, v, offsets, offsets, True, uih, uih, impl)
         out.backward(grad)
 
     return run
 
 
 def gemm(n: int) -> Fn:
-    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    a = torch.randn(n, n, device=DEVICE, dtype=_dtype())
+    b = torch.randn(n, n, device=DEVICE, dtype=_dtype())
     return lambda: torch.mm(a, b)
 
 
 def membound(nbytes: int) -> Fn:
-    x = torch.randn(nbytes // 2, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(nbytes // 2, device=DEVICE, dtype=_dtype())
     y = torch.empty_like(x)
     return lambda: torch.mul(x, 1.0001, out=y)
 
@@ -129,20 +151,32 @@ class Looped:
         from freescale.comm import make_communicator
 
         self.kind = kind
-        self.comm = make_communicator("torch" if kind == "nccl" else "smfree", "cuda")
+        self.comm = make_communicator("torch" if kind == "nccl" else "smfree", DEVICE)
         w = self.comm.world_size
-        self.x = torch.randn(nbytes // 4 // w * w, device="cuda")
+        self.x = torch.randn(nbytes // 4 // w * w, device=DEVICE)
         self.counts = [self.x.numel() // w] * w
-        self.stream = torch.cuda.Stream()
+        self.stream = torch.cuda.Stream() if DEVICE == "cuda" else None
         self.stop_flag = threading.Event()
         self.rounds = 0
 
     def _loop(self) -> None:
+        if self.stream is None:  # CPU ranks: the collective runs on this thread
+            while self._another_round():
+                self.comm.all_to_all_v(self.x, self.counts, self.counts).wait()
+                self.rounds += 1
+            return
         with torch.cuda.stream(self.stream):
-            while not self.stop_flag.is_set():
+            while self._another_round():
                 self.comm.all_to_all_v(self.x, self.counts, self.counts).wait()
                 self.rounds += 1
             torch.cuda.current_stream().synchronize()
+
+    def _another_round(self) -> bool:
+        """All ranks agree (a host all-reduce): a rank that stopped alone would
+        leave its peers waiting in the next AllToAll forever."""
+        flag = torch.tensor([int(self.stop_flag.is_set())])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return not flag.item()
 
     def start(self) -> None:
         self.thread = threading.Thread(target=self._loop, daemon=True)
@@ -217,13 +251,17 @@ def main() -> int:
     p.add_argument("--bytes", type=int, default=256 << 20, help="communication volume per round")
     p.add_argument("--channels", type=int, default=32, help="programs of the SM copy")
     p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     p.add_argument("--out", default=f"benchmarks/results/interference-{date.today()}")
     args = p.parse_args()
+    global DEVICE
+    DEVICE = args.device
     world = 1
     if "RANK" in os.environ:
-        dist.init_process_group("nccl")
+        if DEVICE == "cuda":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        dist.init_process_group("cpu:gloo,cuda:nccl" if DEVICE == "cuda" else "gloo")
         world = dist.get_world_size()
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     fgs: dict[str, Fn] = {}
     for uih in (int(x) for x in args.uih.split(",")):
         for dim in (int(x) for x in args.dims.split(",")):
@@ -231,7 +269,11 @@ def main() -> int:
     fgs[f"gemm bf16 {args.gemm}^3"] = gemm(args.gemm)
     fgs[f"membound {args.membound_bytes >> 20} MiB"] = membound(args.membound_bytes)
 
-    per_round = {k: round_ms(k, args.bytes, args.channels) for k in ("host", "smcopy")}
+    kinds = args.backgrounds.split(",")
+    if DEVICE == "cpu" and {"host", "smcopy"} & set(kinds):
+        raise SystemExit("backgrounds host and smcopy need CUDA; on --device cpu: nccl,smfree")
+    per_round = {k: round_ms(k, args.bytes, args.channels) for k in ("host", "smcopy")
+                 if k in kinds}  # fmt: skip
     print(f"background round alone: {per_round} ms per {args.bytes >> 20} MiB", flush=True)
 
     def background(kind: str, fg_ms: float) -> Callable[[], Enqueued | Looped]:
@@ -243,7 +285,6 @@ def main() -> int:
             raise SystemExit(f"background {kind!r} needs torchrun with 2+ GPUs")
         return lambda: Looped(kind, args.bytes)
 
-    kinds = args.backgrounds.split(",")
     rows = []
     for name, fg in fgs.items():
         first = measure(fg, None, args.reps)
@@ -264,7 +305,7 @@ def main() -> int:
     lines = [
         "# Interference of overlapped communication with compute (Fig. 10)", "",
         f"- date: {date.today()}",
-        f"- machine: {world} x {torch.cuda.get_device_name(0)}, torch {torch.__version__}",
+        f"- machine: {world} x {_device_name()}, torch {torch.__version__}",
         f"- command: `python {' '.join(sys.argv)}`",
         f"- background volume: {args.bytes >> 20} MiB per round; SM copy: {args.channels} "
         "programs", "",
@@ -280,10 +321,16 @@ def main() -> int:
         ]
         lines.append(f"| {row['kernel']} | {base:.3f} | " + " | ".join(cells) + " |")
     Path(args.out).with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print(json.dumps({"benchmark": "interference", "world_size": world, "rows": rows}))
+    result = {"benchmark": "interference", "world_size": world, "device": DEVICE, "rows": rows}
+    Path(args.out).with_suffix(".json").write_text(json.dumps(result, indent=1))
+    print(json.dumps(result))
     if world > 1:
         dist.destroy_process_group()
     return 0
+
+
+def _device_name() -> str:
+    return torch.cuda.get_device_name(0) if DEVICE == "cuda" else "CPU (gloo ranks)"
 
 
 if __name__ == "__main__":
