@@ -38,7 +38,7 @@ def _pipeline_rank() -> bytes:
     from freescale.balance import BalancerConfig
     from freescale.comm import TorchCommunicator
     from freescale.embedding import SGD, ShardingPlan, swap
-    from freescale.embedding.torchrec_pipeline import KJTBatch, balance_stage
+    from freescale.embedding.torchrec_pipeline import balance_stage
 
     rank = dist.get_rank()
     comm = TorchCommunicator()
@@ -46,22 +46,12 @@ def _pipeline_rank() -> bytes:
     coll = swap(model, ShardingPlan(optimizer=SGD(lr=0.1)), comm)
     before = coll.full_table("0.item")
 
-    def batches():
-        first = 0
-        for step, sizes in enumerate(SIZES):
-            start = first + sum(sizes[:rank])
-            b = random_batch(10 * step + rank, sizes[rank], first_sample_id=start)
-            b.uih.features["item_ids"] %= 100
-            b.candidates.features["item_ids"] %= 100
-            first += sum(sizes)
-            yield KJTBatch.from_sample_batch(b)
-
     # On the CPU TorchRec's pipeline needs a stream object with a device.
     pipeline = StagedTrainPipeline(
         [balance_stage(comm, BalancerConfig("fbs"))], compute_stream=torch.Stream("cpu")
     )
     seen, sizes = [], []
-    it = batches()
+    it = kjt_batches(rank)
     while (batch := pipeline.progress(it)) is not None:
         features = batch.sparse_features
         keep = ["uih/item_ids", "cand/item_ids"]

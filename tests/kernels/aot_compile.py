@@ -99,21 +99,24 @@ def variants(quick: bool = False) -> Iterator[Variant]:
         ptrs = {"order": i64, "piece": "*i8", "grads": gtype, "partial": "*fp32"}
         consts = {"CHUNK": update.CHUNK, "BLOCK_D": 256}
         yield f"update.piece_sums {gtype}", update._piece_sums_kernel, ptrs, consts
-    for (kind, code), wtype, per_row in itertools.product(
-        update.KINDS.items(), ("*fp32", "*bf16"), (False, True)
+    for (kind, code), wtype, per_row, decay in itertools.product(
+        update.KINDS.items(), ("*fp32", "*bf16"), (False, True), (0, *update.DECAY_MODES.values())
     ):
         ptrs = {"rows": i64, "start": i64, "partial": "*fp32", "weight": wtype,
                 "state1": "*fp32", "state2": "*fp32", "lr_rows": "*fp32", "b1_rows": "*fp32",
                 "b2_rows": "*fp32", "lr": "fp32", "bc1": "fp32", "bc2": "fp32", "eps": "fp32",
-                "beta1": "fp32", "beta2": "fp32", "D_f": "fp32"}  # fmt: skip
+                "beta1": "fp32", "beta2": "fp32", "weight_decay": "fp32",
+                "D_f": "fp32"}  # fmt: skip
         consts = {
             "KIND": code,
+            "DECAY": decay,
             "PER_ROW": per_row,
             "CHUNK": update.CHUNK,
             "BLOCK_D": 256,
             "FAN": 16,
         }
-        yield f"update.apply {kind} {wtype} per_row={per_row}", update._apply_kernel, ptrs, consts
+        name = f"update.apply {kind} {wtype} per_row={per_row} decay={decay}"
+        yield name, update._apply_kernel, ptrs, consts
     for dtype in ("*i32", i64):
         ptrs = {"now": dtype, "nxt": dtype, "now_to_next": i64, "next_to_now": i64}
         consts = {"BLOCK": collision.BLOCK}
