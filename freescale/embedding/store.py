@@ -62,6 +62,11 @@ class ShardStore(nn.Module):
             self.register_buffer(name, t, persistent=False)
         self.register_buffer("steps", torch.zeros(len(tables), dtype=torch.int64), persistent=False)
         self._host_steps = [0] * len(tables)  # mirror of ``steps``: lr needs no device read
+        # Whether the hyperparameters depend on the step count (an lr schedule, Adam).
+        opt = optimizer
+        self._counts_matter = opt.lr_schedule is not None or (
+            opt.bias_corrections(2) != opt.bias_corrections(1)
+        )
         # Steps counted before their skip flag was read: (tables, flag copy, its event).
         self._unsettled: deque[tuple[list[int], Tensor, Any]] = deque()
         self.register_buffer("frozen_slots", self._padding_slots(device), persistent=False)
@@ -116,7 +121,7 @@ class ShardStore(nn.Module):
         Adam), otherwise whenever the flag's copy has arrived; neither waits
         for the GPU in practice (the flag was computed a step earlier).
         """
-        self.settle(wait=self._step_dependent())
+        self.settle(wait=self._counts_matter)
         touched = sorted(set(tables))
         for t in touched:
             self.steps[t] += 1
@@ -138,11 +143,6 @@ class ShardStore(nn.Module):
                 for t in tables:
                     self.steps[t] -= 1
                     self._host_steps[t] -= 1
-
-    def _step_dependent(self) -> bool:
-        return self.optimizer.lr_schedule is not None or self.optimizer.bias_corrections(
-            2
-        ) != self.optimizer.bias_corrections(1)
 
     def apply_update(
         self,

@@ -129,21 +129,6 @@ def attend(q: Tensor, k: Tensor, v: Tensor, layout: AttentionLayout) -> Tensor:
     return _varlen(q, k, v, layout)
 
 
-def varlen_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    q_offsets: Tensor,
-    k_offsets: Tensor,
-    causal: bool,
-    max_q: int,
-    max_k: int,
-) -> Tensor:
-    """Flash varlen attention of one call (builds its layout; see `attend`)."""
-    qs, ks = segments(q_offsets, "varlen", max_q), segments(k_offsets, "varlen", max_k)
-    return _varlen(q, k, v, attention_layout(qs, ks, causal, q.shape[0]))
-
-
 def jagged_attention(
     q: Tensor,
     k: Tensor,
@@ -157,8 +142,6 @@ def jagged_attention(
 ) -> Tensor:
     """One call: ``varlen`` on CUDA, ``reference`` elsewhere (or when forced)."""
     impl = resolve_impl(impl, q.is_cuda)
-    if max_q is None or max_k is None:
-        max_q = max_k = None
     qs = segments(q_offsets, impl, max_q)
     ks = qs if k_offsets is q_offsets and max_q == max_k else segments(k_offsets, impl, max_k)
     return attend(q, k, v, attention_layout(qs, ks, causal, q.shape[0]))

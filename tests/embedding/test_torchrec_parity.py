@@ -15,6 +15,7 @@ from freescale.comm import TorchCommunicator
 from freescale.embedding import ShardingPlan, swap
 from freescale.embedding.fused_optimizer import from_fused_params, set_gradient_division
 from freescale.testing import run_ranks
+from tests.embedding._torchrec import row_wise_dmp
 from tests.embedding._train import pack, unpack
 
 STEPS, BATCH = 20, 3
@@ -79,31 +80,10 @@ def _with_enum(fused_params: dict) -> dict:
 
 def _torchrec_rank(fused_params: dict) -> bytes:
     import torch.distributed as dist
-    from torchrec.distributed.embedding import EmbeddingCollectionSharder
-    from torchrec.distributed.embedding_types import EmbeddingComputeKernel
-    from torchrec.distributed.model_parallel import DistributedModelParallel
-    from torchrec.distributed.sharding_plan import construct_module_sharding_plan, row_wise
-    from torchrec.distributed.types import ShardingEnv
-    from torchrec.distributed.types import ShardingPlan as TRPlan
 
-    rank, world = dist.get_rank(), dist.get_world_size()
-    sharder = EmbeddingCollectionSharder(fused_params=_with_enum(fused_params))
+    rank = dist.get_rank()
     model = nn.Sequential(_ec())
-    plan = construct_module_sharding_plan(
-        model[0],
-        {t: row_wise(compute_kernel=EmbeddingComputeKernel.FUSED.value) for t in ("t1", "t2")},
-        sharder=sharder,
-        local_size=world,
-        world_size=world,
-        device_type="cpu",
-    )
-    dmp = DistributedModelParallel(
-        model,
-        env=ShardingEnv.from_process_group(dist.group.WORLD),
-        device=torch.device("cpu"),
-        plan=TRPlan({"0": plan}),
-        sharders=[sharder],
-    )
+    dmp = row_wise_dmp(model, "0", ["t1", "t2"], _with_enum(fused_params))
     for kjt, target in _batches(rank):
         _loss(dmp(kjt), target).backward()
     # Each rank's row-wise shards of the tables and of the optimizer state.

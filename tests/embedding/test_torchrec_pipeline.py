@@ -124,38 +124,15 @@ class _Mixed(nn.Module):
 def mixed_dmp(comm):
     """``_Mixed`` with ours swapped and TorchRec's sharded row-wise by DMP; also
     returns our collection and the dense optimizer (the docs test uses it too)."""
-    import torch.distributed as dist
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
-    from torchrec.distributed.embedding import EmbeddingCollectionSharder
-    from torchrec.distributed.embedding_types import EmbeddingComputeKernel
-    from torchrec.distributed.model_parallel import DistributedModelParallel
-    from torchrec.distributed.sharding_plan import construct_module_sharding_plan, row_wise
-    from torchrec.distributed.types import ShardingEnv
-    from torchrec.distributed.types import ShardingPlan as TRPlan
 
     from freescale.embedding import SGD, ShardingPlan, swap
+    from tests.embedding._torchrec import row_wise_dmp
 
-    world = dist.get_world_size()
     model = _Mixed()
     coll = swap(model, ShardingPlan(optimizer=SGD(lr=0.1), modules=("seq",)), comm)
-    sharder = EmbeddingCollectionSharder(
-        fused_params={"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": 0.1}
-    )
-    plan = construct_module_sharding_plan(
-        model.theirs,
-        {"cand": row_wise(compute_kernel=EmbeddingComputeKernel.FUSED.value)},
-        sharder=sharder,
-        local_size=world,
-        world_size=world,
-        device_type="cpu",
-    )
-    dmp = DistributedModelParallel(
-        model,
-        env=ShardingEnv.from_process_group(dist.group.WORLD),
-        device=torch.device("cpu"),
-        plan=TRPlan({"theirs": plan}),
-        sharders=[sharder],
-    )
+    fused = {"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": 0.1}
+    dmp = row_wise_dmp(model, "theirs", ["cand"], fused)
     return dmp, coll, torch.optim.SGD(dmp.module.head.parameters(), lr=0.1)
 
 
