@@ -26,6 +26,7 @@ from freescale.models.attention import (
     resolve_impl,
     segments,
 )
+from freescale.models.graphs import BlockGraphs
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class ModelConfig:
     mlp_ratio: int = 2
     dense_dim: int = 0
     attention: str = "auto"  # auto | reference | varlen
+    graphs: bool = False  # CUDA graphs of the block stack (`freescale.models.graphs`)
 
     def __post_init__(self) -> None:
         for name in ("num_items", "num_actions", "dim", "heads", "layers", "mlp_ratio"):
@@ -47,6 +49,8 @@ class ModelConfig:
             raise ValueError(f"model dim ({self.dim}) must be divisible by heads ({self.heads})")
         if self.dense_dim < 0:
             raise ValueError("model dense_dim must be >= 0")
+        if self.graphs and self.attention == "reference":
+            raise ValueError("model graphs need the varlen attention (attention=auto or varlen)")
 
 
 class Block(nn.Module):
@@ -89,6 +93,7 @@ class SequenceModel(nn.Module):
         self.dense_proj = nn.Linear(cfg.dense_dim, cfg.dim) if cfg.dense_dim else None
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
         self.head = nn.Sequential(nn.LayerNorm(cfg.dim), nn.Linear(cfg.dim, 1))
+        self.graphs = BlockGraphs(self.blocks) if cfg.graphs else None
         nn.init.normal_(self.item_emb.weight, std=0.05)
         nn.init.normal_(self.action_emb.weight, std=0.05)
 
@@ -103,10 +108,29 @@ class SequenceModel(nn.Module):
         if self.dense_proj is not None and batch.dense is not None:
             per_cand = segment_ids(batch.candidates.offsets, n_c)
             cand = cand + self.dense_proj(batch.dense)[per_cand]
+        if self._graphed(uih, cand, batch):
+            assert self.graphs is not None
+            if max_uih is None or max_candidates is None:
+                max_uih, max_candidates = _max_lengths(batch.uih.offsets, batch.candidates.offsets)
+            cand = self.graphs.run(
+                uih, cand, batch.uih.offsets, batch.candidates.offsets, max_uih, max_candidates
+            )
+            return self.head(cand).squeeze(-1)
         layout = self.attention_layouts(batch, rows.is_cuda, max_uih, max_candidates)
         for block in self.blocks:
             uih, cand = block(uih, cand, layout)
         return self.head(cand).squeeze(-1)
+
+    def _graphed(self, uih: Tensor, cand: Tensor, batch: SampleBatch) -> bool:
+        """Training steps on CUDA go through the graphs (when on); evaluation
+        (no gradients) and batches without UIH tokens or candidates run eagerly."""
+        return (
+            self.graphs is not None
+            and uih.is_cuda
+            and torch.is_grad_enabled()
+            and uih.shape[0] > 0
+            and cand.shape[0] > 0
+        )
 
     def attention_layouts(
         self,

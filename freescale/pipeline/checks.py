@@ -24,6 +24,8 @@ def check_launch(cfg: TrainConfig) -> None:
     cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
     if cfg.attention == "varlen" and not cuda:
         raise ValueError("attention=varlen needs a CUDA device; use attention=auto on the CPU")
+    if cfg.dense_graphs and not cuda:
+        raise ValueError("dense_graphs=true captures CUDA graphs: it needs a CUDA device")
     if cfg.sync_debug and not cuda:
         raise ValueError("sync_debug=true reports host waits for a GPU: it needs a CUDA device")
     world = int(os.environ.get("WORLD_SIZE", cfg.nproc))

@@ -64,6 +64,9 @@ class TrainConfig:
     layers: int = 1
     attention: str = "auto"
     amp: str = "none"  # none | bf16 (autocast of the dense model on CUDA)
+    # CUDA graphs of the dense blocks, one per padded shape: far fewer host
+    # launches at small batches; close to (not bitwise equal to) eager numbers
+    dense_graphs: bool = False
     # optimization
     dense_lr: float = 3e-3
     emb_optimizer: str = "adagrad"
@@ -111,6 +114,8 @@ class TrainConfig:
         _choice("plan_process", self.plan_process, ("auto", "on", "off"))
         _choice("balance_counts", self.balance_counts, ("equal", "variable"))
         _choice("nonfinite", self.nonfinite, ("raise", "skip"))
+        if self.dense_graphs and self.attention == "reference":
+            raise ValueError("dense_graphs=true needs attention=auto or varlen (CUDA graphs)")
         if self.balance_counts == "variable" and self.balance != "cost":
             raise ValueError("balance_counts=variable needs balance=cost")
         if self.max_local_batch and self.max_local_batch < self.batch_size:

@@ -104,6 +104,7 @@ def model_config(cfg: TrainConfig, num_items: int, num_actions: int) -> ModelCon
         heads=cfg.heads,
         layers=cfg.layers,
         attention=cfg.attention,
+        graphs=cfg.dense_graphs,
     )
 
 

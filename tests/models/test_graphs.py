@@ -1,0 +1,253 @@
+"""CUDA graphs of the block stack (`freescale.models.graphs`).
+
+The capture needs CUDA; the padding it relies on does not. On the CPU the
+padded stack (`PaddedBlocks`, the body a graph captures) runs eagerly through
+a stand-in for flash varlen attention that leaves key-less rows NaN and
+checks that every segment fits the maxima it is given (the flash grid), and
+is compared with the unpadded eager stack. The GPU tests compare the
+captured graphs with eager training.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from freescale.jagged.batch import UIH_ACTIONS, UIH_IDS
+from freescale.models import ModelConfig, SequenceModel, bce_loss
+from freescale.models.graphs import (
+    SIZES_PER_OCTAVE,
+    BlockGraphs,
+    Bucket,
+    PaddedBlocks,
+    bucket,
+    padded_inputs,
+)
+from freescale.pipeline.checks import check_launch
+from freescale.pipeline.config import build_config
+from freescale.testing.batches import random_batch
+from tests.models.test_layout_once import fake_varlen_attn
+
+
+@given(st.integers(1, 10**9))
+def test_bucket_pads_at_most_an_eighth_and_is_stable(n):
+    b = bucket(n)
+    assert b >= n
+    assert b - n <= n / SIZES_PER_OCTAVE
+    assert bucket(b) == b  # a bucket is its own bucket
+    assert bucket(n + 1) >= b  # monotone
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    lengths=st.one_of(
+        st.lists(st.integers(0, 40), min_size=1, max_size=30),
+        st.lists(st.integers(0, 5), min_size=20, max_size=90),  # padding > longest sample
+    ),
+    cands=st.data(),
+)
+def test_padded_offsets_cover_every_row_within_the_maxima(lengths, cands):
+    n_cand = cands.draw(st.lists(st.integers(0, 9), min_size=len(lengths), max_size=len(lengths)))
+    _check_padded_offsets(lengths, n_cand)
+
+
+def test_padding_longer_than_any_sample_is_split_into_fake_samples():
+    b = _check_padded_offsets([4] * 33, [2] * 33)  # 132 tokens -> 144, maxima 4
+    assert b.tokens - 132 > b.max_uih and b.fake >= 2
+
+
+def _check_padded_offsets(lengths: list[int], n_cand: list[int]) -> Bucket:
+    uo = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    co = torch.tensor([0, *torch.tensor(n_cand).cumsum(0).tolist()])
+    n_u, n_c = int(uo[-1]), int(co[-1])
+    max_u, max_c = max(lengths), max(n_cand)
+    dim = 2
+    b, (u, c, cu_u, cu_c) = padded_inputs(
+        torch.zeros(n_u, dim), torch.zeros(n_c, dim), uo, co, max_u, max_c
+    )
+    assert cu_u.dtype == cu_c.dtype == torch.int32
+    assert u.shape[0] == b.tokens >= n_u and c.shape[0] == b.candidates >= n_c
+    assert cu_u.numel() == cu_c.numel() == b.segments + b.fake + 1
+    # Real samples unchanged, then empty ones, then fake ones up to the padded size.
+    assert cu_u[: len(lengths) + 1].tolist() == uo.tolist()
+    assert cu_c[: len(lengths) + 1].tolist() == co.tolist()
+    assert int(cu_u[-1]) == b.tokens and int(cu_c[-1]) == b.candidates
+    seg_u, seg_c = (cu_u[1:] - cu_u[:-1]).tolist(), (cu_c[1:] - cu_c[:-1]).tolist()
+    assert min(seg_u) >= 0 and min(seg_c) >= 0
+    assert max(seg_u) <= b.max_uih and max(seg_c) <= b.max_candidates
+    # Every fake candidate sits in the first fake segment.
+    assert sum(seg_c[b.segments + 1 :]) == 0
+    # The bucket depends on the sizes, never on where the padding falls.
+    again = Bucket.of(b.tokens, b.candidates, b.segments, max_u, max_c, torch.float32, None)
+    assert (again.tokens, again.candidates, again.fake) == (b.tokens, b.candidates, b.fake)
+    return b
+
+
+def _model(layers=2, dim=16, heads=2, attention="varlen", seed=0):
+    torch.manual_seed(seed)
+    return SequenceModel(
+        ModelConfig(num_items=100, dim=dim, heads=heads, layers=layers, attention=attention)
+    )
+
+
+def _inputs(m: SequenceModel, batch):
+    """The block stack's inputs as the model's forward builds them (leaves here)."""
+    n_u, n_c = batch.uih[UIH_IDS].numel(), batch.num_candidates_total
+    with torch.no_grad():
+        rows = m.item_emb(m.embedding_inputs(batch)["item_emb"])
+        uih = rows[:n_u] + m.action_emb(batch.uih[UIH_ACTIONS])
+        cand = rows[n_u : n_u + n_c] + m._pool_content(rows[n_u + n_c :], batch)
+    return uih.requires_grad_(), cand.requires_grad_()
+
+
+def _eager(m, batch, uih, cand):
+    layout = m.attention_layouts(batch, False)
+    for block in m.blocks:
+        uih, cand = block(uih, cand, layout)
+    return cand
+
+
+def _padded(m, batch, uih, cand, pad_value=0.0):
+    maxu = int(batch.uih_lengths().max())
+    maxc = int(batch.num_candidates().max())
+    b, (u, c, cu_u, cu_c) = padded_inputs(
+        uih, cand, batch.uih.offsets, batch.candidates.offsets, maxu, maxc
+    )
+    if pad_value:  # padding rows with other (finite) values change no real number
+        with torch.no_grad():
+            u[uih.shape[0] :] = pad_value
+            c[cand.shape[0] :] = pad_value
+    out = PaddedBlocks(m.blocks, b.max_uih, b.max_candidates, impl="varlen")(u, c, cu_u, cu_c)
+    return out[: cand.shape[0]]
+
+
+def _grads(m, out, uih, cand, weight):
+    m.zero_grad(set_to_none=True)
+    uih.grad = cand.grad = None
+    (out * weight).sum().backward()
+    return [
+        torch.zeros_like(t) if t.grad is None else t.grad.clone()
+        for t in (uih, cand, *m.blocks.parameters())
+    ]
+
+
+BATCHES = [
+    dict(seed=1, batch_size=9, max_uih=40, max_candidates=6),
+    dict(seed=2, batch_size=1, max_uih=30, max_candidates=3),  # one sample
+    dict(seed=3, batch_size=6, max_uih=0, max_candidates=3),  # every UIH empty
+    dict(seed=4, batch_size=8, max_uih=50, max_candidates=9),  # a multiple of 8 samples
+    dict(seed=5, batch_size=13, max_uih=200, max_candidates=20),
+    dict(seed=6, batch_size=70, max_uih=4, max_candidates=2),  # several fake segments
+]
+
+
+@pytest.mark.parametrize("spec", BATCHES)
+def test_padded_stack_equals_the_eager_stack(monkeypatch, spec):
+    import torch.nn.attention.varlen as varlen
+
+    monkeypatch.setattr(varlen, "varlen_attn", fake_varlen_attn)
+    m = _model()
+    batch = random_batch(num_items=100, **spec)
+    if batch.uih_lengths().max() == 0 and spec["max_uih"]:
+        pytest.skip("no UIH drawn")
+    uih, cand = _inputs(m, batch)
+    weight = torch.randn(cand.shape[0], cand.shape[1], generator=torch.Generator().manual_seed(9))
+    eager = _eager(m, batch, uih, cand)
+    ref = _grads(m, eager, uih, cand, weight)
+    for pad_value in (0.0, 3.0):
+        out = _padded(m, batch, uih, cand, pad_value)
+        torch.testing.assert_close(out, eager, rtol=1e-5, atol=1e-6)
+        got = _grads(m, out, uih, cand, weight)
+        assert len(got) == len(ref)
+        for a, b in zip(got, ref, strict=True):
+            assert torch.isfinite(a).all()
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_graphs_are_off_the_cpu_path_bit_for_bit():
+    """``graphs=True`` changes nothing where no graph can run (CPU, no grad)."""
+    batch = random_batch(seed=7, batch_size=5, max_uih=9)
+    out = []
+    for graphs in (False, True):
+        torch.manual_seed(0)
+        m = SequenceModel(ModelConfig(num_items=100, dim=16, heads=2, layers=2, graphs=graphs))
+        assert (m.graphs is not None) == graphs
+        logits = m(batch)
+        loss = bce_loss(logits, batch.labels, batch.labels.numel())
+        loss.backward()
+        out.append([logits.detach()] + [p.grad for p in m.parameters() if p.grad is not None])
+    assert all(torch.equal(a, b) for a, b in zip(*out, strict=True))
+
+
+def test_config_refuses_graphs_without_cuda_or_varlen():
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        check_launch(build_config("demo", ["device=cpu", "dense_graphs=true"]))
+    with pytest.raises(ValueError, match="attention=auto or varlen"):
+        build_config("demo", ["dense_graphs=true", "attention=reference"])
+    with pytest.raises(ValueError, match="varlen attention"):
+        ModelConfig(graphs=True, attention="reference")
+
+
+# ---- GPU: the captured graphs against eager training ---------------------------------
+def _train(graphs: bool, amp: bool, steps: int = 6, seed: int = 0):
+    torch.manual_seed(seed)
+    cfg = ModelConfig(num_items=500, dim=64, heads=2, layers=2, dense_dim=2, graphs=graphs)
+    m = SequenceModel(cfg).cuda()
+    opt = torch.optim.Adam(m.parameters(), lr=1e-3)
+    losses, logits_all = [], []
+    # Several buckets, one revisited (the third batch repeats the first's shape).
+    specs = [(11, 32), (12, 40), (11, 32), (13, 300), (14, 0), (15, 37)]
+    for step in range(steps):
+        s, max_uih = specs[step % len(specs)]
+        batch = random_batch(seed=s, batch_size=24, max_uih=max_uih, num_items=500).to("cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+            logits = m(batch)
+        loss = bce_loss(logits, batch.labels, max(1, batch.labels.numel()))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+        logits_all.append(logits.detach().float())
+    return m, losses, logits_all
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("amp", [False, True])
+def test_graphed_training_tracks_eager_training(amp):
+    eager, l_e, o_e = _train(False, amp)
+    graphed, l_g, o_g = _train(True, amp)
+    tol = 3e-2 if amp else 2e-3  # padding changes GEMM shapes; attention runs in bf16
+    for a, b in zip(o_g, o_e, strict=True):
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+    assert max(abs(a - b) for a, b in zip(l_g, l_e, strict=True)) < tol
+    for p, q in zip(graphed.parameters(), eager.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=tol, atol=tol)
+    g = graphed.graphs
+    # The repeated batch replays its graph; the empty-UIH one ran eagerly.
+    assert g is not None and len(g.graphs) == g.captures <= 4
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_graph_replay_equals_its_own_eager_padded_stack():
+    """Replaying a graph gives the numbers of running its padded body eagerly
+    (same kernels, same shapes), for a new bucket and a revisited one."""
+    m = _model(layers=2, dim=64, heads=2, attention="auto").cuda()
+    graphs = BlockGraphs(m.blocks)
+    for seed in (21, 22, 21):
+        batch = random_batch(seed=seed, batch_size=16, max_uih=64, num_items=100).to("cuda")
+        uih, cand = _inputs(m, batch)
+        maxu, maxc = int(batch.uih_lengths().max()), int(batch.num_candidates().max())
+        weight = torch.randn_like(cand)
+        out = graphs.run(uih, cand, batch.uih.offsets, batch.candidates.offsets, maxu, maxc)
+        got = [out.detach().clone(), *_grads(m, out, uih, cand, weight)]
+        b, args = padded_inputs(uih, cand, batch.uih.offsets, batch.candidates.offsets, maxu, maxc)
+        ref_out = PaddedBlocks(m.blocks, b.max_uih, b.max_candidates)(*args)[: cand.shape[0]]
+        ref = [ref_out.detach().clone(), *_grads(m, ref_out, uih, cand, weight)]
+        torch.testing.assert_close(got[0], ref[0], rtol=0, atol=0)
+        for a, r in zip(got[1:], ref[1:], strict=True):
+            torch.testing.assert_close(a, r, rtol=1e-4, atol=1e-5)
+    assert graphs.captures == len(graphs.graphs) == 2
