@@ -45,6 +45,10 @@ class AttentionLayout:
     k: Segments
     causal: bool
     no_keys: Tensor | None = None  # [Tq, 1, 1] bool: queries whose sample has no keys
+    # [T, 1, 1] bool: rows outside every segment (graph padding), whose flash
+    # gradients are never written: they are zeroed before they reach a weight.
+    q_pad: Tensor | None = None
+    k_pad: Tensor | None = None
 
 
 def resolve_impl(impl: str, on_cuda: bool) -> str:
@@ -104,6 +108,10 @@ def _varlen(q: Tensor, k: Tensor, v: Tensor, layout: AttentionLayout) -> Tensor:
 
     dtype = q.dtype
     half = torch.bfloat16 if dtype == torch.float32 else dtype
+    if layout.q_pad is not None and layout.k_pad is not None:
+        q = _ZeroGradRows.apply(q, layout.q_pad)
+        k = _ZeroGradRows.apply(k, layout.k_pad)
+        v = _ZeroGradRows.apply(v, layout.k_pad)
     out = varlen_attn(
         q.to(half),
         k.to(half),
@@ -119,6 +127,21 @@ def _varlen(q: Tensor, k: Tensor, v: Tensor, layout: AttentionLayout) -> Tensor:
         return out
     # Queries of a sample without keys have nothing to attend to: output 0.
     return out.masked_fill(layout.no_keys, 0.0)
+
+
+class _ZeroGradRows(torch.autograd.Function):
+    """Identity forward; the gradient of the ``rows`` rows becomes exactly 0
+    (a select, so even garbage there is dropped)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, rows: Tensor) -> Tensor:  # type: ignore[override]
+        ctx.save_for_backward(rows)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
+        (rows,) = ctx.saved_tensors
+        return torch.where(rows, 0.0, grad), None
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, layout: AttentionLayout) -> Tensor:

@@ -6,22 +6,20 @@ cost exceeds their GPU time (docs/LOG.md, issue 18). Replaying a captured
 graph issues each pass with one call.
 
 Jagged inputs change length every step, so a graph is captured per bucket of
-padded sizes (8 sizes per octave: at most 1/8 padding; the batch's sample
-count rounded up to 8) and the inputs are padded up to it. Padding must not
-reach a real row and must stay finite (a NaN row times a zero gradient would
-still poison the weight gradients), so padding rows form *fake samples*:
+padded sizes (8 sizes per octave: at most 1/8 padding; maxima likewise; the
+sample count rounded up to 8 with empty samples) and the inputs are padded
+up to it. Padding rows lie outside every attention segment: the flash
+kernels neither read nor write them, so they cost no attention work (a
+*fake sample* would: tried first, a 20k-token one nearly doubled the step at
+UIH 21k). What flash leaves unwritten is garbage, and a NaN row times a zero
+gradient still poisons a weight gradient, so the attention output of padding
+rows is masked to 0 and their q/k/v gradients are zeroed by a select
+(`AttentionLayout.q_pad`/`k_pad`). Real rows never see padding, and the head
+never reads padded candidates, so their gradient is exactly zero.
 
-- UIH padding: ``fake`` segments of at most ``max_uih`` tokens (the flash
-  kernels size their grid by the longest segment; a longer segment would
-  leave rows unwritten);
-- candidate padding: one segment attending to the first fake UIH segment
-  (a zero output where that has no keys), then empty segments.
-
-Real samples never attend to fake ones, and the head never reads fake
-candidates, so their gradient is exactly zero. The numbers are close to, not
-bitwise equal to, the eager path's (padding changes the GEMM shapes and so
-their rounding): graphs are opt-in (``dense_graphs=true``), eager stays the
-default and the reference.
+The numbers are close to, not bitwise equal to, the eager path's (padding
+changes the GEMM shapes and so their rounding): graphs are opt-in
+(``dense_graphs=true``); eager stays the default and the reference.
 
 Memory: all buckets share one graph pool. A bucket's activations are freed
 at the end of its backward capture, so the next bucket's capture reuses
@@ -32,7 +30,6 @@ static inputs, outputs and gradients.
 
 from __future__ import annotations
 
-import math
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -54,19 +51,14 @@ def bucket(n: int) -> int:
     return -(-n // (1 << shift)) << shift
 
 
-def pow2(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
-
-
 @dataclass(frozen=True)
 class Bucket:
     """One padded shape: what a graph is captured for."""
 
     tokens: int  # UIH rows (real + padding)
     candidates: int
-    segments: int  # real samples rounded up to 8 (the rest empty), before the fake ones
-    fake: int  # fake UIH segments (the first also holds the fake candidates)
-    max_uih: int  # longest UIH segment the kernels must cover, real or fake
+    segments: int  # samples rounded up to 8 (the rest empty)
+    max_uih: int  # longest segment the kernels must cover (bucketed)
     max_candidates: int
     dtype: torch.dtype
     amp: torch.dtype | None  # autocast dtype at capture (None: autocast off)
@@ -76,40 +68,39 @@ class Bucket:
         n_u: int, n_c: int, samples: int, max_uih: int, max_cand: int, dtype: torch.dtype,
         amp: torch.dtype | None,
     ) -> Bucket:  # fmt: skip
-        tokens, cands = bucket(n_u), bucket(n_c)
-        max_u = pow2(max(max_uih, 1))
-        # Padding in this bucket is below tokens / 8 + 1 whatever n_u is, so the
-        # fake segment count is a property of the bucket, not of the step.
-        fake = max(1, math.ceil((tokens // SIZES_PER_OCTAVE + 1) / max_u))
-        max_c = pow2(max(max_cand, cands // SIZES_PER_OCTAVE + 1, 1))
-        segs = -(-max(samples, 1) // 8) * 8
-        return Bucket(tokens, cands, segs, fake, max_u, max_c, dtype, amp)
+        segments = -(-max(samples, 1) // 8) * 8
+        return Bucket(
+            bucket(n_u), bucket(n_c), segments, bucket(max_uih), bucket(max_cand), dtype, amp
+        )
 
 
 def padded_offsets(
     uih_offsets: Tensor, cand_offsets: Tensor, n_u: int, n_c: int, b: Bucket
 ) -> tuple[Tensor, Tensor]:
-    """int32 boundaries [segments + fake + 1] of the padded UIH and candidates.
-
-    Built on the device from host sizes: no read-back."""
-    dev, samples = uih_offsets.device, uih_offsets.numel() - 1
-    empty = b.segments - samples
-    fake_u = torch.arange(1, b.fake + 1, device=dev, dtype=torch.int32) * b.max_uih + n_u
+    """int32 boundaries [segments + 1]: the samples, then empty ones. Padding
+    rows (``n_u..tokens``) lie in no segment. Built on the device: no read-back."""
+    empty = b.segments - (uih_offsets.numel() - 1)
     cu_u = torch.cat(
-        [
-            uih_offsets.to(torch.int32),
-            uih_offsets.new_full((empty,), n_u, dtype=torch.int32),
-            fake_u.clamp_(max=b.tokens),
-        ]
+        [uih_offsets.to(torch.int32), uih_offsets.new_full((empty,), n_u, dtype=torch.int32)]
     )
     cu_c = torch.cat(
-        [
-            cand_offsets.to(torch.int32),
-            cand_offsets.new_full((empty,), n_c, dtype=torch.int32),
-            cand_offsets.new_full((b.fake,), b.candidates, dtype=torch.int32),
-        ]
+        [cand_offsets.to(torch.int32), cand_offsets.new_full((empty,), n_c, dtype=torch.int32)]
     )
     return cu_u, cu_c
+
+
+def _segment_masks(cu_u: Tensor, cu_c: Tensor, tokens: int, cands: int) -> tuple[Tensor, ...]:
+    """[rows, 1, 1] bool masks, on the device: UIH padding, candidate padding,
+    and candidates without keys (an empty UIH, or padding)."""
+    rows_u = torch.arange(tokens, device=cu_u.device, dtype=torch.int32)
+    rows_c = torch.arange(cands, device=cu_c.device, dtype=torch.int32)
+    pad_u, pad_c = rows_u >= cu_u[-1], rows_c >= cu_c[-1]
+    # Padding candidates fall after the last boundary: segment index = #segments,
+    # whose key count is the appended 0.
+    k_len = torch.cat([cu_u[1:] - cu_u[:-1], cu_u.new_zeros(1)])
+    owner = torch.searchsorted(cu_c, rows_c, right=True) - 1
+    no_keys = k_len[owner] == 0
+    return pad_u[:, None, None], pad_c[:, None, None], no_keys[:, None, None]
 
 
 class PaddedBlocks(nn.Module):
@@ -133,11 +124,10 @@ class PaddedBlocks(nn.Module):
         bounds_c = cu_c.tolist() if impl == "reference" else None
         su = Segments(cu_u, cu=cu_u, max_len=self.max_uih, bounds=bounds_u)
         sc = Segments(cu_c, cu=cu_c, max_len=self.max_candidates, bounds=bounds_c)
-        k_len, q_len = cu_u[1:] - cu_u[:-1], cu_c[1:] - cu_c[:-1]
-        no_keys = torch.repeat_interleave(k_len == 0, q_len, output_size=cand.shape[0])
+        pad_u, pad_c, no_keys = _segment_masks(cu_u, cu_c, uih.shape[0], cand.shape[0])
         layout = (
-            AttentionLayout(impl, su, su, True),
-            AttentionLayout(impl, sc, su, False, no_keys[:, None, None]),
+            AttentionLayout(impl, su, su, True, pad_u, q_pad=pad_u, k_pad=pad_u),
+            AttentionLayout(impl, sc, su, False, no_keys, q_pad=pad_c, k_pad=pad_u),
         )
         for block in self.blocks:
             uih, cand = block(uih, cand, layout)

@@ -22,6 +22,7 @@ from freescale.models.graphs import (
     BlockGraphs,
     Bucket,
     PaddedBlocks,
+    _segment_masks,
     bucket,
     padded_inputs,
 )
@@ -44,18 +45,25 @@ def test_bucket_pads_at_most_an_eighth_and_is_stable(n):
 @given(
     lengths=st.one_of(
         st.lists(st.integers(0, 40), min_size=1, max_size=30),
-        st.lists(st.integers(0, 5), min_size=20, max_size=90),  # padding > longest sample
+        st.lists(st.integers(0, 5), min_size=20, max_size=90),  # many short samples
     ),
     cands=st.data(),
 )
-def test_padded_offsets_cover_every_row_within_the_maxima(lengths, cands):
+def test_padded_offsets_keep_samples_and_mask_padding(lengths, cands):
     n_cand = cands.draw(st.lists(st.integers(0, 9), min_size=len(lengths), max_size=len(lengths)))
     _check_padded_offsets(lengths, n_cand)
 
 
-def test_padding_longer_than_any_sample_is_split_into_fake_samples():
-    b = _check_padded_offsets([4] * 33, [2] * 33)  # 132 tokens -> 144, maxima 4
-    assert b.tokens - 132 > b.max_uih and b.fake >= 2
+def test_padding_rows_are_masked_and_padded_candidates_have_no_keys():
+    b, (_, _, cu_u, cu_c) = padded_inputs(
+        torch.zeros(132, 2), torch.zeros(66, 2), torch.arange(0, 133, 4), torch.arange(0, 67, 2),
+        4, 2,
+    )  # fmt: skip
+    pad_u, pad_c, no_keys = _segment_masks(cu_u, cu_c, b.tokens, b.candidates)
+    assert (b.tokens, b.candidates) == (144, 72)
+    assert pad_u.flatten().tolist() == [False] * 132 + [True] * 12
+    assert pad_c.flatten().tolist() == [False] * 66 + [True] * 6
+    assert no_keys.flatten().tolist() == [False] * 66 + [True] * 6
 
 
 def _check_padded_offsets(lengths: list[int], n_cand: list[int]) -> Bucket:
@@ -63,26 +71,46 @@ def _check_padded_offsets(lengths: list[int], n_cand: list[int]) -> Bucket:
     co = torch.tensor([0, *torch.tensor(n_cand).cumsum(0).tolist()])
     n_u, n_c = int(uo[-1]), int(co[-1])
     max_u, max_c = max(lengths), max(n_cand)
-    dim = 2
     b, (u, c, cu_u, cu_c) = padded_inputs(
-        torch.zeros(n_u, dim), torch.zeros(n_c, dim), uo, co, max_u, max_c
+        torch.zeros(n_u, 2), torch.zeros(n_c, 2), uo, co, max_u, max_c
     )
     assert cu_u.dtype == cu_c.dtype == torch.int32
     assert u.shape[0] == b.tokens >= n_u and c.shape[0] == b.candidates >= n_c
-    assert cu_u.numel() == cu_c.numel() == b.segments + b.fake + 1
-    # Real samples unchanged, then empty ones, then fake ones up to the padded size.
+    assert cu_u.numel() == cu_c.numel() == b.segments + 1 and b.segments % 8 == 0
+    # Real samples unchanged, then empty ones; padding rows in no segment.
     assert cu_u[: len(lengths) + 1].tolist() == uo.tolist()
     assert cu_c[: len(lengths) + 1].tolist() == co.tolist()
-    assert int(cu_u[-1]) == b.tokens and int(cu_c[-1]) == b.candidates
-    seg_u, seg_c = (cu_u[1:] - cu_u[:-1]).tolist(), (cu_c[1:] - cu_c[:-1]).tolist()
-    assert min(seg_u) >= 0 and min(seg_c) >= 0
-    assert max(seg_u) <= b.max_uih and max(seg_c) <= b.max_candidates
-    # Every fake candidate sits in the first fake segment.
-    assert sum(seg_c[b.segments + 1 :]) == 0
-    # The bucket depends on the sizes, never on where the padding falls.
+    assert set(cu_u[len(lengths) :].tolist()) == {n_u}
+    assert set(cu_c[len(lengths) :].tolist()) == {n_c}
+    assert b.max_uih >= max_u and b.max_candidates >= max_c
+    pad_u, pad_c, no_keys = _segment_masks(cu_u, cu_c, b.tokens, b.candidates)
+    assert int(pad_u.sum()) == b.tokens - n_u and int(pad_c.sum()) == b.candidates - n_c
+    per_cand = torch.repeat_interleave(torch.tensor(lengths) == 0, torch.tensor(n_cand))
+    assert no_keys.flatten().tolist() == per_cand.tolist() + [True] * (b.candidates - n_c)
     again = Bucket.of(b.tokens, b.candidates, b.segments, max_u, max_c, torch.float32, None)
-    assert (again.tokens, again.candidates, again.fake) == (b.tokens, b.candidates, b.fake)
+    assert again == b  # the bucket depends on the sizes, never on where padding falls
     return b
+
+
+class _GarbageGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, first_outside):
+        ctx.first_outside = first_outside
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.clone()
+        grad[ctx.first_outside :] = float("nan")
+        return grad, None
+
+
+def garbage_varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, *, window_size=(-1, -1)):
+    """`fake_varlen_attn` (NaN outputs outside every segment), and NaN in the
+    q/k/v gradients of those rows: what flash leaves there is unwritten memory."""
+    q = _GarbageGrad.apply(q, int(cu_q[-1]))
+    k, v = (_GarbageGrad.apply(t, int(cu_k[-1])) for t in (k, v))
+    return fake_varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, window_size=window_size)
 
 
 def _model(layers=2, dim=16, heads=2, attention="varlen", seed=0):
@@ -139,7 +167,7 @@ BATCHES = [
     dict(seed=3, batch_size=6, max_uih=0, max_candidates=3),  # every UIH empty
     dict(seed=4, batch_size=8, max_uih=50, max_candidates=9),  # a multiple of 8 samples
     dict(seed=5, batch_size=13, max_uih=200, max_candidates=20),
-    dict(seed=6, batch_size=70, max_uih=4, max_candidates=2),  # several fake segments
+    dict(seed=6, batch_size=70, max_uih=4, max_candidates=2),  # padding > longest sample
 ]
 
 
@@ -147,7 +175,7 @@ BATCHES = [
 def test_padded_stack_equals_the_eager_stack(monkeypatch, spec):
     import torch.nn.attention.varlen as varlen
 
-    monkeypatch.setattr(varlen, "varlen_attn", fake_varlen_attn)
+    monkeypatch.setattr(varlen, "varlen_attn", garbage_varlen_attn)
     m = _model()
     batch = random_batch(num_items=100, **spec)
     if batch.uih_lengths().max() == 0 and spec["max_uih"]:
@@ -223,8 +251,10 @@ def test_graphed_training_tracks_eager_training(amp):
     for a, b in zip(o_g, o_e, strict=True):
         torch.testing.assert_close(a, b, rtol=tol, atol=tol)
     assert max(abs(a - b) for a, b in zip(l_g, l_e, strict=True)) < tol
+    # Adam moves a weight by ~lr per step whatever its gradient's size, so a
+    # near-zero gradient of another sign can differ by up to 2 lr per step.
     for p, q in zip(graphed.parameters(), eager.parameters(), strict=True):
-        torch.testing.assert_close(p, q, rtol=tol, atol=tol)
+        torch.testing.assert_close(p, q, rtol=0, atol=2 * 1e-3 * 6 + tol)
     g = graphed.graphs
     # The repeated batch replays its graph; the empty-UIH one ran eagerly.
     assert g is not None and len(g.graphs) == g.captures <= 4
