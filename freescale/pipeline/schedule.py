@@ -63,11 +63,14 @@ class Schedule:
             return info.global_candidates
         with self.timer("meta"):
             count, work = self._counts.popleft() if self._counts else self._issue_count(info)
-            work.wait()
+            if work is not None:
+                work.wait()
             return count  # stays on the device: the loss divides by it without a host read
 
     def _issue_count(self, info: BatchInfo) -> tuple[Tensor, Any]:
         count = host_to_device(torch.tensor([info.candidates], dtype=torch.int64), self.device)
+        if dist.get_world_size() == 1:  # the sum of one rank's count is that count
+            return count, None
         return count, dist.all_reduce(count, async_op=True)
 
     def _prefetch(self, batch: SampleBatch, info: BatchInfo) -> None:

@@ -45,3 +45,19 @@ def test_needs_an_initialized_group():
         pytest.skip("a process group exists in this process")
     with pytest.raises(ValueError, match="initialized"):
         TorchCommunicator()
+
+
+def _one_rank_outputs_are_copies() -> list:
+    comm = TorchCommunicator()
+    x = torch.arange(6.0).reshape(3, 2)
+    gathered = comm.all_gather(x)
+    moved = comm.all_to_all_v(x, [3], [3])
+    x.add_(100.0)  # the caller may reuse its buffer once the call is issued
+    return [gathered.wait().tolist(), moved.wait(None).tolist()]
+
+
+def test_one_rank_collectives_are_local_copies():
+    """World size 1 skips the process group (no NCCL call) but keeps the contract:
+    a new output with the input's values at issue time."""
+    gathered, moved = run_ranks(_one_rank_outputs_are_copies, 1, timeout=60)[0]
+    assert gathered == moved == torch.arange(6.0).reshape(3, 2).tolist()
