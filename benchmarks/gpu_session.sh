@@ -150,6 +150,7 @@ PY
         | tee "$out/gpu_tests_models_$b.log" | tail -4
       for g in true false; do
         timeout 330 python3 benchmarks/overhead.py --batch "$b" --set dense_graphs=$g \
+          --steps 40 --warmup 20 --trace-steps 30-32 \
           --out "$out/overhead-b$b-graphs-$g" 2>&1 | grep -E "^\[|^\||rror|  File " | tail -60
         tar czf "$out/overhead-b$b-graphs-$g-steps.tgz" -C "$out" --exclude="*-trace.json.gz" \
           "overhead-b$b-graphs-$g-steps" && rm -rf "$out/overhead-b$b-graphs-$g-steps"

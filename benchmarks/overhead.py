@@ -129,6 +129,8 @@ def run_point(args: argparse.Namespace, settings: dict[str, Any], raw: Path) -> 
         summary = launch(cfg)
     assert summary is not None
     row: dict[str, Any] = {**settings, "point_s": time.perf_counter() - t0}
+    if "dense_graphs_captured" in summary:  # dense_graphs=true: graphs captured in the run
+        row["graphs_captured"] = summary["dense_graphs_captured"]
     row["peak_mem_gb"] = torch.cuda.max_memory_allocated() / 1e9 if cuda else None
     row["mem_left_gb"] = (torch.cuda.memory_allocated() - start_bytes) / 1e9 if cuda else None
     first, last = trace_window(args.trace_steps)
@@ -294,7 +296,8 @@ def main(argv: list[str] | None = None) -> int:
             f"[{k}/{len(grid)}] uih={row['max_uih']} B={row['batch_size']} {row['mode']}: "
             f"step {row['step_ms']:.2f} ms  host {_f(row['host_ms'], '.2f')} ms  "
             f"idle {_f(row['gpu_idle_pct'], '.2f')}%  peak {_f(row['peak_mem_gb'], '.2f')} GB  "
-            f"({row['point_s']:.1f} s)",
+            f"({row['point_s']:.1f} s)"
+            + (f"  graphs {row['graphs_captured']}" if "graphs_captured" in row else ""),
             flush=True,
         )
         add_memory_ratios(rows)

@@ -51,27 +51,28 @@ def bucket(n: int) -> int:
     return -(-n // (1 << shift)) << shift
 
 
+def pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
 @dataclass(frozen=True)
 class Bucket:
-    """One padded shape: what a graph is captured for."""
+    """One padded shape: what a graph is captured for. The attention maxima
+    are not part of it: a graph captured for longer segments serves shorter
+    ones (the flash grid is only larger than needed)."""
 
-    tokens: int  # UIH rows (real + padding)
-    candidates: int
+    tokens: int  # UIH rows (real + padding): 1/8 steps
+    candidates: int  # a power of two: candidate rows are few and cheap
     segments: int  # samples rounded up to 8 (the rest empty)
-    max_uih: int  # longest segment the kernels must cover (bucketed)
-    max_candidates: int
     dtype: torch.dtype
     amp: torch.dtype | None  # autocast dtype at capture (None: autocast off)
 
     @staticmethod
     def of(
-        n_u: int, n_c: int, samples: int, max_uih: int, max_cand: int, dtype: torch.dtype,
-        amp: torch.dtype | None,
-    ) -> Bucket:  # fmt: skip
+        n_u: int, n_c: int, samples: int, dtype: torch.dtype, amp: torch.dtype | None = None
+    ) -> Bucket:
         segments = -(-max(samples, 1) // 8) * 8
-        return Bucket(
-            bucket(n_u), bucket(n_c), segments, bucket(max_uih), bucket(max_cand), dtype, amp
-        )
+        return Bucket(bucket(n_u), pow2(n_c), segments, dtype, amp)
 
 
 def padded_offsets(
@@ -139,100 +140,151 @@ def pad_rows(x: Tensor, rows: int) -> Tensor:
 
 
 def padded_inputs(
-    uih: Tensor, cand: Tensor, uih_offsets: Tensor, cand_offsets: Tensor,
-    max_uih: int, max_candidates: int, amp: torch.dtype | None = None,
-) -> tuple[Bucket, tuple[Tensor, Tensor, Tensor, Tensor]]:  # fmt: skip
-    """The bucket of a step and its padded `PaddedBlocks` arguments."""
+    uih: Tensor, cand: Tensor, uih_offsets: Tensor, cand_offsets: Tensor
+) -> tuple[Bucket, tuple[Tensor, Tensor, Tensor, Tensor]]:
+    """The bucket of a step and its padded `PaddedBlocks` arguments (eager)."""
     n_u, n_c = uih.shape[0], cand.shape[0]
-    b = Bucket.of(n_u, n_c, uih_offsets.numel() - 1, max_uih, max_candidates, uih.dtype, amp)
+    b = Bucket.of(n_u, n_c, uih_offsets.numel() - 1, uih.dtype)
     cu_u, cu_c = padded_offsets(uih_offsets, cand_offsets, n_u, n_c, b)
     return b, (pad_rows(uih, b.tokens), pad_rows(cand, b.candidates), cu_u, cu_c)
 
 
 class _Captured:
-    """One bucket's forward and backward graphs and their static tensors."""
+    """One bucket's forward and backward graphs.
 
-    def __init__(self, body: PaddedBlocks, args: tuple[Tensor, ...], pool: Any) -> None:
+    Its inputs and the UIH/candidate gradients live in buffers shared by every
+    bucket (views of the first rows): one step replays one bucket, so they
+    never hold two buckets' data at once, and a bucket costs only its small
+    outputs and parameter gradients."""
+
+    def __init__(
+        self, body: PaddedBlocks, inputs: tuple[Tensor, ...], sinks: tuple[Tensor, Tensor],
+        pool: Any,
+    ) -> None:  # fmt: skip
+        self.max_uih, self.max_candidates = body.max_uih, body.max_candidates
         self.params = tuple(p for p in body.parameters() if p.requires_grad)
-        self.inputs = tuple(a.detach().clone() for a in args)
-        self.inputs[0].requires_grad_(True)
-        self.inputs[1].requires_grad_(True)
-        wrt = (self.inputs[0], self.inputs[1], *self.params)
+        self.inputs = inputs
+        inputs[0].requires_grad_(True)
+        inputs[1].requires_grad_(True)
+        wrt = (inputs[0], inputs[1], *self.params)
         # Warm-up on a side stream: lazy initialization (cuBLAS workspaces,
         # kernel selection) must not land in the capture.
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
-                out = body(*self.inputs)
+                out = body(*inputs)
                 torch.autograd.grad(out, wrt, torch.ones_like(out), allow_unused=True)
         torch.cuda.current_stream().wait_stream(side)
         # thread_local: the loader's copy thread keeps allocating on its own stream.
         self.fwd = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.fwd, pool=pool, capture_error_mode="thread_local"):
-            self.out = body(*self.inputs)
+            self.out = body(*inputs)
         self.grad_out = torch.empty_like(self.out)
         self.bwd = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.bwd, pool=pool, capture_error_mode="thread_local"):
             grads = torch.autograd.grad(self.out, wrt, self.grad_out, allow_unused=True)
-        # An unused parameter gets no gradient in eager mode either.
-        self.grads = tuple(grads)
+            sinks[0].copy_(grads[0])
+            sinks[1].copy_(grads[1])
+        # An unused parameter gets no gradient (None), as in eager mode.
+        self.grads = (*sinks, *grads[2:])
 
 
 class _Replay(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, cap: _Captured, *args: Tensor) -> Tensor:  # type: ignore[override]
-        for static, x in zip(cap.inputs, args[:4], strict=True):
-            static.copy_(x)
+    def forward(ctx: Any, cap: _Captured, uih: Tensor, cand: Tensor, cu_u: Tensor, cu_c: Tensor,
+                *params: Tensor) -> Tensor:  # type: ignore[override]  # fmt: skip
+        for static, x in ((cap.inputs[0], uih), (cap.inputs[1], cand)):
+            static[: x.shape[0]].copy_(x)
+            # Padding rows must be finite (they meet zero gradients in the weight
+            # GEMMs): zeros, not what an earlier step left in the shared buffer.
+            static[x.shape[0] :].zero_()
+        cap.inputs[2].copy_(cu_u)
+        cap.inputs[3].copy_(cu_c)
         cap.fwd.replay()
-        ctx.cap = cap
-        return cap.out.detach()  # valid until this bucket (or another) replays again
+        ctx.cap, ctx.rows = cap, (uih.shape[0], cand.shape[0])
+        return cap.out[: cand.shape[0]].detach()  # valid until the next replay
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
         cap = ctx.cap
-        cap.grad_out.copy_(grad)
+        cap.grad_out[: grad.shape[0]].copy_(grad)
+        cap.grad_out[grad.shape[0] :].zero_()
         cap.bwd.replay()
         # The static gradients themselves (not detached views): autograd then
         # copies them into ``.grad`` instead of adopting the graph's memory,
         # which the next replay overwrites.
         g = cap.grads
-        return (None, g[0], g[1], None, None, *g[2:])
+        n_u, n_c = ctx.rows
+        return (None, g[0][:n_u], g[1][:n_c], None, None, *g[2:])
 
 
 class BlockGraphs:
     """``run(...)``: the block stack's candidate output through a captured graph."""
 
-    def __init__(self, blocks: nn.ModuleList, max_graphs: int = 16) -> None:
+    def __init__(self, blocks: nn.ModuleList, max_graphs: int = 32) -> None:
         self.blocks = blocks
         self.max_graphs = max_graphs
         self.graphs: OrderedDict[Bucket, _Captured] = OrderedDict()
         self.pool: Any = None
-        self.captures = 0  # how many graphs were captured (a new bucket, or an evicted one)
+        self.buffers: dict[str, Tensor] = {}
+        # Attention maxima of the graphs captured from now on: the longest seen,
+        # so a new bucket's graph serves every later step of its sizes.
+        self.max_uih = self.max_candidates = 0
+        self.captures = 0  # graphs captured (a new bucket, longer segments, or an evicted one)
 
     def run(
         self, uih: Tensor, cand: Tensor, uih_offsets: Tensor, cand_offsets: Tensor,
         max_uih: int, max_candidates: int,
     ) -> Tensor:  # fmt: skip
+        n_u, n_c = uih.shape[0], cand.shape[0]
         amp = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else None
-        b, args = padded_inputs(uih, cand, uih_offsets, cand_offsets, max_uih, max_candidates, amp)
+        b = Bucket.of(n_u, n_c, uih_offsets.numel() - 1, uih.dtype, amp)
+        cu_u, cu_c = padded_offsets(uih_offsets, cand_offsets, n_u, n_c, b)
+        self.max_uih = max(self.max_uih, bucket(max_uih))
+        self.max_candidates = max(self.max_candidates, bucket(max_candidates))
         cap = self.graphs.get(b)
-        if cap is None:
-            cap = self._capture(b, args)
+        if cap is None or cap.max_uih < max_uih or cap.max_candidates < max_candidates:
+            cap = self._capture(b, uih, cand, cu_u, cu_c)
         self.graphs.move_to_end(b)
-        out = _Replay.apply(cap, *args, *cap.params)
-        return out[: cand.shape[0]]
+        return _Replay.apply(cap, uih, cand, cu_u, cu_c, *cap.params)
 
-    def _capture(self, b: Bucket, args: tuple[Tensor, ...]) -> _Captured:
-        body = PaddedBlocks(self.blocks, b.max_uih, b.max_candidates)
+    def _shared(self, name: str, rows: int, like: Tensor) -> Tensor:
+        """The first ``rows`` rows of a buffer shared by all buckets (grown as needed;
+        graphs captured on a smaller one keep it alive)."""
+        buf = self.buffers.get(name)
+        if buf is None or buf.shape[0] < rows or buf.dtype != like.dtype:
+            # Headroom of two buckets: early steps' sizes creep up, and every
+            # outgrown buffer stays alive with the graphs captured on it.
+            size = bucket(rows + rows // 4)
+            buf = self.buffers[name] = like.new_zeros((size, *like.shape[1:]))
+        return buf[:rows]
+
+    def _capture(
+        self, b: Bucket, uih: Tensor, cand: Tensor, cu_u: Tensor, cu_c: Tensor
+    ) -> _Captured:
+        body = PaddedBlocks(self.blocks, self.max_uih, self.max_candidates)
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
+        inputs = (
+            self._shared("uih", b.tokens, uih),
+            self._shared("cand", b.candidates, cand),
+            cu_u.clone(),
+            cu_c.clone(),
+        )
+        with torch.no_grad():
+            inputs[0][: uih.shape[0]].copy_(uih)
+            inputs[1][: cand.shape[0]].copy_(cand)
+        sinks = (
+            self._shared("grad_uih", b.tokens, uih),
+            self._shared("grad_cand", b.candidates, cand),
+        )
         amp = torch.autocast(
             "cuda", dtype=b.amp or torch.bfloat16, enabled=b.amp is not None, cache_enabled=False
         )
         with amp:
-            cap = _Captured(body, args, self.pool)
+            cap = _Captured(body, inputs, sinks, self.pool)
         self.graphs[b] = cap
         self.captures += 1
         while len(self.graphs) > self.max_graphs:

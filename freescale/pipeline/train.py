@@ -382,6 +382,8 @@ class Trainer:
             "first_step": first,
             "nonfinite_skipped": self.nonfinite.skipped,
         }
+        if self.model.graphs is not None:  # captures after warm-up cost step time
+            extra["dense_graphs_captured"] = self.model.graphs.captures
         if final:
             extra["eval"] = final
             samples = final["data"]["train_samples"]

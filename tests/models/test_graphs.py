@@ -56,24 +56,20 @@ def test_padded_offsets_keep_samples_and_mask_padding(lengths, cands):
 
 def test_padding_rows_are_masked_and_padded_candidates_have_no_keys():
     b, (_, _, cu_u, cu_c) = padded_inputs(
-        torch.zeros(132, 2), torch.zeros(66, 2), torch.arange(0, 133, 4), torch.arange(0, 67, 2),
-        4, 2,
-    )  # fmt: skip
+        torch.zeros(132, 2), torch.zeros(66, 2), torch.arange(0, 133, 4), torch.arange(0, 67, 2)
+    )
     pad_u, pad_c, no_keys = _segment_masks(cu_u, cu_c, b.tokens, b.candidates)
-    assert (b.tokens, b.candidates) == (144, 72)
+    assert (b.tokens, b.candidates) == (144, 128)
     assert pad_u.flatten().tolist() == [False] * 132 + [True] * 12
-    assert pad_c.flatten().tolist() == [False] * 66 + [True] * 6
-    assert no_keys.flatten().tolist() == [False] * 66 + [True] * 6
+    assert pad_c.flatten().tolist() == [False] * 66 + [True] * 62
+    assert no_keys.flatten().tolist() == [False] * 66 + [True] * 62
 
 
 def _check_padded_offsets(lengths: list[int], n_cand: list[int]) -> Bucket:
     uo = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
     co = torch.tensor([0, *torch.tensor(n_cand).cumsum(0).tolist()])
     n_u, n_c = int(uo[-1]), int(co[-1])
-    max_u, max_c = max(lengths), max(n_cand)
-    b, (u, c, cu_u, cu_c) = padded_inputs(
-        torch.zeros(n_u, 2), torch.zeros(n_c, 2), uo, co, max_u, max_c
-    )
+    b, (u, c, cu_u, cu_c) = padded_inputs(torch.zeros(n_u, 2), torch.zeros(n_c, 2), uo, co)
     assert cu_u.dtype == cu_c.dtype == torch.int32
     assert u.shape[0] == b.tokens >= n_u and c.shape[0] == b.candidates >= n_c
     assert cu_u.numel() == cu_c.numel() == b.segments + 1 and b.segments % 8 == 0
@@ -82,12 +78,11 @@ def _check_padded_offsets(lengths: list[int], n_cand: list[int]) -> Bucket:
     assert cu_c[: len(lengths) + 1].tolist() == co.tolist()
     assert set(cu_u[len(lengths) :].tolist()) == {n_u}
     assert set(cu_c[len(lengths) :].tolist()) == {n_c}
-    assert b.max_uih >= max_u and b.max_candidates >= max_c
     pad_u, pad_c, no_keys = _segment_masks(cu_u, cu_c, b.tokens, b.candidates)
     assert int(pad_u.sum()) == b.tokens - n_u and int(pad_c.sum()) == b.candidates - n_c
     per_cand = torch.repeat_interleave(torch.tensor(lengths) == 0, torch.tensor(n_cand))
     assert no_keys.flatten().tolist() == per_cand.tolist() + [True] * (b.candidates - n_c)
-    again = Bucket.of(b.tokens, b.candidates, b.segments, max_u, max_c, torch.float32, None)
+    again = Bucket.of(b.tokens, b.candidates, b.segments, torch.float32)
     assert again == b  # the bucket depends on the sizes, never on where padding falls
     return b
 
@@ -140,14 +135,12 @@ def _eager(m, batch, uih, cand):
 def _padded(m, batch, uih, cand, pad_value=0.0):
     maxu = int(batch.uih_lengths().max())
     maxc = int(batch.num_candidates().max())
-    b, (u, c, cu_u, cu_c) = padded_inputs(
-        uih, cand, batch.uih.offsets, batch.candidates.offsets, maxu, maxc
-    )
+    _, (u, c, cu_u, cu_c) = padded_inputs(uih, cand, batch.uih.offsets, batch.candidates.offsets)
     if pad_value:  # padding rows with other (finite) values change no real number
         with torch.no_grad():
             u[uih.shape[0] :] = pad_value
             c[cand.shape[0] :] = pad_value
-    out = PaddedBlocks(m.blocks, b.max_uih, b.max_candidates, impl="varlen")(u, c, cu_u, cu_c)
+    out = PaddedBlocks(m.blocks, bucket(maxu), bucket(maxc), impl="varlen")(u, c, cu_u, cu_c)
     return out[: cand.shape[0]]
 
 
@@ -257,7 +250,7 @@ def test_graphed_training_tracks_eager_training(amp):
         torch.testing.assert_close(p, q, rtol=0, atol=2 * 1e-3 * 6 + tol)
     g = graphed.graphs
     # The repeated batch replays its graph; the empty-UIH one ran eagerly.
-    assert g is not None and len(g.graphs) == g.captures <= 4
+    assert g is not None and 1 <= len(g.graphs) <= g.captures <= 4
 
 
 @pytest.mark.gpu
@@ -267,17 +260,22 @@ def test_graph_replay_equals_its_own_eager_padded_stack():
     (same kernels, same shapes), for a new bucket and a revisited one."""
     m = _model(layers=2, dim=64, heads=2, attention="auto").cuda()
     graphs = BlockGraphs(m.blocks)
-    for seed in (21, 22, 21):
+    for k, seed in enumerate((21, 22, 21)):
+        before = graphs.captures
         batch = random_batch(seed=seed, batch_size=16, max_uih=64, num_items=100).to("cuda")
         uih, cand = _inputs(m, batch)
         maxu, maxc = int(batch.uih_lengths().max()), int(batch.num_candidates().max())
         weight = torch.randn_like(cand)
         out = graphs.run(uih, cand, batch.uih.offsets, batch.candidates.offsets, maxu, maxc)
         got = [out.detach().clone(), *_grads(m, out, uih, cand, weight)]
-        b, args = padded_inputs(uih, cand, batch.uih.offsets, batch.candidates.offsets, maxu, maxc)
-        ref_out = PaddedBlocks(m.blocks, b.max_uih, b.max_candidates)(*args)[: cand.shape[0]]
+        _, args = padded_inputs(uih, cand, batch.uih.offsets, batch.candidates.offsets)
+        cap = next(reversed(graphs.graphs.values()))  # the graph just replayed
+        body = PaddedBlocks(m.blocks, cap.max_uih, cap.max_candidates)
+        ref_out = body(*args)[: cand.shape[0]]
         ref = [ref_out.detach().clone(), *_grads(m, ref_out, uih, cand, weight)]
         torch.testing.assert_close(got[0], ref[0], rtol=0, atol=0)
         for a, r in zip(got[1:], ref[1:], strict=True):
             torch.testing.assert_close(a, r, rtol=1e-4, atol=1e-5)
-    assert graphs.captures == len(graphs.graphs) == 2
+        if k == 2:
+            assert graphs.captures == before  # a bucket seen before replays its graph
+    assert 1 <= graphs.captures <= 2
