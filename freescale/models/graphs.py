@@ -62,17 +62,20 @@ class Bucket:
     ones (the flash grid is only larger than needed)."""
 
     tokens: int  # UIH rows (real + padding): 1/8 steps
-    candidates: int  # a power of two: candidate rows are few and cheap
-    segments: int  # samples rounded up to 8 (the rest empty)
+    candidates: int  # a power of two, at least the largest seen: these rows are cheap
+    segments: int  # samples rounded up to 8 (the rest empty), at least the most seen
     dtype: torch.dtype
     amp: torch.dtype | None  # autocast dtype at capture (None: autocast off)
 
     @staticmethod
     def of(
-        n_u: int, n_c: int, samples: int, dtype: torch.dtype, amp: torch.dtype | None = None
-    ) -> Bucket:
-        segments = -(-max(samples, 1) // 8) * 8
-        return Bucket(bucket(n_u), pow2(n_c), segments, dtype, amp)
+        n_u: int, n_c: int, samples: int, dtype: torch.dtype, amp: torch.dtype | None = None,
+        min_candidates: int = 0, min_segments: int = 0,
+    ) -> Bucket:  # fmt: skip
+        """``min_*``: floors (the largest seen so far), so these two sizes stop
+        multiplying the number of graphs after the first steps."""
+        segments = max(-(-max(samples, 1) // 8) * 8, min_segments)
+        return Bucket(bucket(n_u), max(pow2(n_c), min_candidates), segments, dtype, amp)
 
 
 def padded_offsets(
@@ -167,27 +170,42 @@ class _Captured:
         inputs[0].requires_grad_(True)
         inputs[1].requires_grad_(True)
         wrt = (inputs[0], inputs[1], *self.params)
-        # Warm-up on a side stream: lazy initialization (cuBLAS workspaces,
-        # kernel selection) must not land in the capture.
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                out = body(*inputs)
-                torch.autograd.grad(out, wrt, torch.ones_like(out), allow_unused=True)
-        torch.cuda.current_stream().wait_stream(side)
-        # thread_local: the loader's copy thread keeps allocating on its own stream.
-        self.fwd = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.fwd, pool=pool, capture_error_mode="thread_local"):
+        # One eager pass first, on the capture stream: lazy initialization
+        # (cuBLAS workspaces, kernel selection) must not land in the capture.
+        # `torch.cuda.graph` would also sync the device, run the garbage
+        # collector and empty the allocator's cache: ~0.1 s per capture for
+        # nothing here (the step's inputs are ordered by the stream wait).
+        stream = _capture_stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            out = body(*inputs)
+            torch.autograd.grad(out, wrt, torch.ones_like(out), allow_unused=True)
+            # thread_local: the loader's copy thread keeps allocating on its own stream.
+            self.fwd = torch.cuda.CUDAGraph()
+            self.fwd.capture_begin(pool=pool, capture_error_mode="thread_local")
             self.out = body(*inputs)
-        self.grad_out = torch.empty_like(self.out)
-        self.bwd = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.bwd, pool=pool, capture_error_mode="thread_local"):
+            self.fwd.capture_end()
+            self.grad_out = torch.zeros_like(self.out)
+            self.bwd = torch.cuda.CUDAGraph()
+            self.bwd.capture_begin(pool=pool, capture_error_mode="thread_local")
             grads = torch.autograd.grad(self.out, wrt, self.grad_out, allow_unused=True)
             sinks[0].copy_(grads[0])
             sinks[1].copy_(grads[1])
+            self.bwd.capture_end()
+        torch.cuda.current_stream().wait_stream(stream)
         # An unused parameter gets no gradient (None), as in eager mode.
         self.grads = (*sinks, *grads[2:])
+
+
+_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def _capture_stream() -> torch.cuda.Stream:
+    """One side stream per device for every capture (and its warm-up pass)."""
+    dev = torch.cuda.current_device()
+    if dev not in _STREAMS:
+        _STREAMS[dev] = torch.cuda.Stream()
+    return _STREAMS[dev]
 
 
 class _Replay(torch.autograd.Function):
@@ -232,6 +250,7 @@ class BlockGraphs:
         # Attention maxima of the graphs captured from now on: the longest seen,
         # so a new bucket's graph serves every later step of its sizes.
         self.max_uih = self.max_candidates = 0
+        self.candidate_rows = self.segments = 0  # floors of the padded sizes (largest seen)
         self.captures = 0  # graphs captured (a new bucket, longer segments, or an evicted one)
 
     def run(
@@ -240,7 +259,9 @@ class BlockGraphs:
     ) -> Tensor:  # fmt: skip
         n_u, n_c = uih.shape[0], cand.shape[0]
         amp = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else None
-        b = Bucket.of(n_u, n_c, uih_offsets.numel() - 1, uih.dtype, amp)
+        samples = uih_offsets.numel() - 1
+        b = Bucket.of(n_u, n_c, samples, uih.dtype, amp, self.candidate_rows, self.segments)
+        self.candidate_rows, self.segments = b.candidates, b.segments
         cu_u, cu_c = padded_offsets(uih_offsets, cand_offsets, n_u, n_c, b)
         self.max_uih = max(self.max_uih, bucket(max_uih))
         self.max_candidates = max(self.max_candidates, bucket(max_candidates))
