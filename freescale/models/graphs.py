@@ -6,9 +6,10 @@ cost exceeds their GPU time (docs/LOG.md, issue 18). Replaying a captured
 graph issues each pass with one call.
 
 Jagged inputs change length every step, so a graph is captured per bucket of
-padded sizes (8 sizes per octave: at most 1/8 padding; maxima likewise; the
-sample count rounded up to 8 with empty samples) and the inputs are padded
-up to it. Padding rows lie outside every attention segment: the flash
+padded sizes (UIH rows in 1/8-octave steps; candidate rows and the sample
+count padded to the largest seen) and the inputs are padded up to it; the
+attention maxima are a ceiling (the longest seen) that a graph serves below.
+Padding rows lie outside every attention segment: the flash
 kernels neither read nor write them, so they cost no attention work (a
 *fake sample* would: tried first, a 20k-token one nearly doubled the step at
 UIH 21k). What flash leaves unwritten is garbage, and a NaN row times a zero
@@ -21,11 +22,12 @@ The numbers are close to, not bitwise equal to, the eager path's (padding
 changes the GEMM shapes and so their rounding): graphs are opt-in
 (``dense_graphs=true``); eager stays the default and the reference.
 
-Memory: all buckets share one graph pool. A bucket's activations are freed
-at the end of its backward capture, so the next bucket's capture reuses
-them; this is safe because a step replays one bucket's forward and backward
-with no other bucket's graph in between. What stays per bucket is its
-static inputs, outputs and gradients.
+Memory: all buckets share one graph pool and the buffers of their inputs and
+input gradients. A bucket's activations are freed at the end of its backward
+capture, so the next capture reuses them; this is safe because a step
+replays one bucket's forward and backward with no other graph in between,
+and every static output is consumed within that step. What stays per
+bucket is its candidate output and parameter gradients.
 """
 
 from __future__ import annotations
@@ -294,9 +296,6 @@ class BlockGraphs:
             cu_u.clone(),
             cu_c.clone(),
         )
-        with torch.no_grad():
-            inputs[0][: uih.shape[0]].copy_(uih)
-            inputs[1][: cand.shape[0]].copy_(cand)
         sinks = (
             self._shared("grad_uih", b.tokens, uih),
             self._shared("grad_cand", b.candidates, cand),
