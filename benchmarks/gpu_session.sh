@@ -129,6 +129,38 @@ PY
     hostprofile)  # issue 18: where the host time goes at batch 32 (cProfile, W = 1)
       timeout 200 python3 benchmarks/host_profile.py --preset h200-21k --batch 32 --steps 40 \
         --out "$out/host-profile-21k-b32.txt" 2>&1 | grep -A14 "by tottime" | tail -12 ;;
+    diag32)  # issue 18: where the batch-32 graph steps idle (trace gaps, host waits, cProfile)
+      for u in 2000 21000; do
+        timeout 200 python3 -m freescale.cli.main train --preset h200-21k --set nproc=1 \
+          --set steps=40 --set warmup=20 --set batch_size=32 --set max_uih=$u \
+          --set dense_graphs=true --set progress=false --set trace_path="$out/t$u.json.gz" \
+          --set trace_steps=30-32 2>&1 | tail -1 | cut -c1-400
+        python3 -m freescale.cli.main trace "$out/t$u.json.gz" --min-gap-us 200 --min-wait-us 300 \
+          > "$out/trace-b32-$u.txt" 2>&1; head -60 "$out/trace-b32-$u.txt"; rm -f "$out/t$u.json.gz"
+      done
+      timeout 200 python3 benchmarks/host_profile.py --preset h200-21k --batch 32 --steps 50 \
+        --from-step 20 --set max_uih=2000 --set dense_graphs=true --top 45 \
+        --out "$out/host-profile-2k-b32-graphs.txt" 2>&1 | grep -A30 "by tottime" | tail -28 ;;
+    waits32)  # issue 18: which call sites make the host wait at batch 32 (sync_debug), and the trace
+      for u in 2000 21000; do for m in sync sdd; do
+        echo "-- uih $u $m"
+        timeout 200 python3 -m freescale.cli.main train --preset h200-21k --set nproc=1 \
+          --set steps=40 --set warmup=20 --set batch_size=32 --set max_uih=$u --mode $m \
+          --set dense_graphs=true --set progress=false --set sync_debug=true \
+          --set trace_path="$out/t$u$m.json.gz" --set trace_steps=30-32 2>&1 \
+          | grep -E "sync_debug|host sync|^    |Error" | grep -v "prototype\|launch.py" | head -24
+        python3 -m freescale.cli.main trace "$out/t$u$m.json.gz" --min-gap-us 200 --min-wait-us 300 \
+          > "$out/trace-b32-$u-$m.txt" 2>&1; sed -n 3p "$out/trace-b32-$u-$m.txt"
+        grep -A6 "per step" "$out/trace-b32-$u-$m.txt" | tail -3; rm -f "$out/t$u$m.json.gz"
+      done; done ;;
+    b32g|b128g)  # issue 18: the overhead grid with graphs only; keeps the 2k sync trace
+      b=${part#b}; b=${b%g}
+      timeout 400 python3 benchmarks/overhead.py --batch "$b" --set dense_graphs=true \
+        --steps 40 --warmup 20 --trace-steps 30-32 \
+        --out "$out/overhead-b$b-graphs-true" 2>&1 | grep -E "^\[|^\||rror|  File " | tail -40
+      cp "$out/overhead-b$b-graphs-true-steps/"*uih2000*sync*-trace.json.gz "$out/trace-b$b-2k-sync.json.gz"
+      tar czf "$out/overhead-b$b-graphs-true-steps.tgz" -C "$out" --exclude="*-trace.json.gz" \
+        "overhead-b$b-graphs-true-steps" && rm -rf "$out/overhead-b$b-graphs-true-steps" ;;
     smfree1)  # issue 12 on one GPU: processes sharing it
       timeout 300 python3 -m pytest -q -p no:cacheprovider tests/comm/test_smfree_gpu.py 2>&1 \
         | tail -5 || status=1

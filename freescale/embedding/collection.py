@@ -96,6 +96,11 @@ class ShardedEmbeddingCollection(nn.Module):
         self.timer: Timer = no_timer
         self._pending: deque[input_dist.PreparedLookup] = deque()
         self._use_prefetch = True
+        # The caller checked every id and offset on the host (the trainer's
+        # loader does): the device check is skipped, and at world size 1 the
+        # forward no longer waits for the GPU (counts are the ids' sizes).
+        # Lookups under `prefetch_disabled` (evaluation) are checked anyway.
+        self.host_checked_inputs = False
         # Compare prefetched ids with the forward's ids (exact; a host sync on GPU).
         self.verify_prefetch = self.device.type == "cpu"
         self._prio: PrioritizedSchedule | None = None
@@ -163,7 +168,9 @@ class ShardedEmbeddingCollection(nn.Module):
 
     @contextlib.contextmanager
     def prefetch_disabled(self) -> Iterator[None]:
-        """Lookups inside (e.g. evaluation) run in place and leave prefetched ones alone."""
+        """Lookups inside (e.g. evaluation) run in place, leave prefetched ones
+        alone and check their input on the device (`host_checked_inputs` is
+        about the caller's own batches)."""
         self._use_prefetch, saved = False, self._use_prefetch
         try:
             yield
@@ -174,7 +181,10 @@ class ShardedEmbeddingCollection(nn.Module):
         keys = sorted(features)
         unknown = [k for k in keys if k not in self._feature_table]
         requests = [] if unknown else [self._request(k, features[k]) for k in keys]
-        return input_dist.start(comm, list(self.stores), keys, requests, unknown, self.device)
+        checked = self.host_checked_inputs and self._use_prefetch
+        return input_dist.start(
+            comm, list(self.stores), keys, requests, unknown, self.device, checked
+        )
 
     def set_overlap_comm(self, comm: Communicator) -> None:
         """Carry the exchanges issued ahead of their use (the next step's preflight,

@@ -54,17 +54,26 @@ def start(
     requests: list[Request],
     unknown: list[str],
     device: torch.device,
+    checked: bool = False,
 ) -> PreparedLookup:
+    """Phase 1. ``checked``: the caller vouches for the ids and offsets (host
+    checks), so the device check is skipped; with one rank nothing is then
+    exchanged and the counts are the ids' sizes (no host read at all)."""
     by_group: dict[int, list[Request]] = {}
     for q in requests:
         by_group.setdefault(q.group, []).append(q)
     w = comm.world_size
     groups = sorted(by_group)
     calls = [route(stores[g], by_group[g], w) for g in groups]
+    structural = unknown or any(q.host_status is not None for q in requests)
+    if checked and w == 1 and not structural:  # raising those needs the preflight
+        for call in calls:
+            call.send = call.recv = [sum(call.sizes)]
+        return PreparedLookup(keys, requests, groups, calls, None)
     counts = torch.zeros(w, len(stores), dtype=torch.int64, device=device)
     for g, call in zip(groups, calls, strict=True):
         counts[:, g] = call.send_counts
-    pending = start_preflight(comm, keys, requests, unknown, counts)
+    pending = start_preflight(comm, keys, requests, unknown, counts, check_ids=not checked)
     return PreparedLookup(keys, requests, groups, calls, pending)
 
 

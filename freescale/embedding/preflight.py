@@ -143,6 +143,16 @@ def _fingerprint_on(keys: tuple[str, ...], device: torch.device) -> Tensor:
     return cached
 
 
+_NO_PROBLEM: dict[torch.device, Tensor] = {}
+
+
+def _no_problem_on(device: torch.device) -> Tensor:
+    """The summary of inputs checked elsewhere, copied to ``device`` once (read-only)."""
+    if device not in _NO_PROBLEM:
+        _NO_PROBLEM[device] = host_to_device(torch.tensor([0, OK, 0, 0]), device)
+    return _NO_PROBLEM[device]
+
+
 @dataclass
 class PendingPreflight:
     """An issued preflight exchange; `finish_preflight` reads it on the host."""
@@ -163,20 +173,23 @@ def start_preflight(
     requests: list[Request],
     unknown: list[str],
     send_counts: Tensor,
+    check_ids: bool = True,
 ) -> PendingPreflight:
     """Issue the check of all ranks' inputs + counts exchange; nothing blocks.
 
     ``send_counts`` is this rank's ``[W, G]`` count of ids per owner for each
     of the collection's G groups. The payload has a fixed width (5 + G), so
     even ranks that disagree on the keys meet in a well-formed collective.
+    ``check_ids=False`` (ids and offsets checked by the caller on the host)
+    skips the ids' range and offsets checks; keys and host-known problems
+    are still checked.
     """
     w, device = comm.world_size, send_counts.device
-    head = torch.cat(
-        [
-            _fingerprint_on(tuple(sorted(keys)), device),
-            _summary(requests, unknown, device),
-        ]
-    )
+    if check_ids or unknown or any(q.host_status is not None for q in requests):
+        summary = _summary(requests, unknown, device)
+    else:
+        summary = _no_problem_on(device)
+    head = torch.cat([_fingerprint_on(tuple(sorted(keys)), device), summary])
     payload = torch.cat([head.reshape(1, 5).expand(w, 5), send_counts.to(torch.int64)], dim=1)
     work = exchange_counts(comm, payload)
     host_copy = None
