@@ -153,12 +153,14 @@ PY
           > "$out/trace-b32-$u-$m.txt" 2>&1; sed -n 3p "$out/trace-b32-$u-$m.txt"
         grep -A6 "per step" "$out/trace-b32-$u-$m.txt" | tail -3; rm -f "$out/t$u$m.json.gz"
       done; done ;;
-    b32g|b128g)  # issue 18: the overhead grid with graphs only; keeps the 2k sync trace
+    b32g|b128g)  # issue 18: the overhead grid with graphs only; keeps the 2k sync/freescale traces
       b=${part#b}; b=${b%g}
       timeout 400 python3 benchmarks/overhead.py --batch "$b" --set dense_graphs=true \
         --steps 40 --warmup 20 --trace-steps 30-32 \
         --out "$out/overhead-b$b-graphs-true" 2>&1 | grep -E "^\[|^\||rror|  File " | tail -40
-      cp "$out/overhead-b$b-graphs-true-steps/"*uih2000*sync*-trace.json.gz "$out/trace-b$b-2k-sync.json.gz"
+      for m in sync freescale; do
+        cp "$out/overhead-b$b-graphs-true-steps/"*uih2000*mode$m-trace.json.gz "$out/trace-b$b-2k-$m.json.gz"
+      done
       tar czf "$out/overhead-b$b-graphs-true-steps.tgz" -C "$out" --exclude="*-trace.json.gz" \
         "overhead-b$b-graphs-true-steps" && rm -rf "$out/overhead-b$b-graphs-true-steps" ;;
     smfree1)  # issue 12 on one GPU: processes sharing it

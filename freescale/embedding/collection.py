@@ -166,6 +166,13 @@ class ShardedEmbeddingCollection(nn.Module):
         for prepared in self._pending:
             input_dist.issue_ids(prepared, self.overlap_comm, self.timer)
 
+    def prefetch_waits_for_gpu(self) -> bool:
+        """Whether `prefetch_ids` now would wait for the GPU: some prefetched
+        lookup still has its counts to read. If not (one rank with
+        `host_checked_inputs`), calling it at once costs the host nothing."""
+        pending = [self._prio.pending] if self._prio is not None else list(self._pending)
+        return any(p is not None and p.pending is not None for p in pending)
+
     @contextlib.contextmanager
     def prefetch_disabled(self) -> Iterator[None]:
         """Lookups inside (e.g. evaluation) run in place, leave prefetched ones

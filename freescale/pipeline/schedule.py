@@ -12,6 +12,11 @@ that decides what happens in them (step i, batch i+1 already known):
 - ``after_forward()``: `sdd` issues the ids AllToAll of i+1 (it overlaps
   backward); `freescale` does the rest of i+1's prefetch (the ids exchange,
   the collision split, the lookup and send of i+1's rows); `sync` nothing.
+  Where no count is left to read on the host (one rank, inputs checked by
+  the loader), `upcoming` does this at once: the collision split is then
+  queued before step i's forward, and backward's read of its counts does
+  not wait for forward to finish (which left the GPU idle while backward
+  was launched).
 - backward (inside the embedding collection): `sync`/`sdd` exchange and
   apply the gradients of every row; `freescale` only the collision rows
   now, the rest at the start of step i+1.
@@ -86,6 +91,8 @@ class SparseDataDist(Schedule):
 
     def upcoming(self, batch: SampleBatch, info: BatchInfo) -> None:
         self._prefetch(batch, info)
+        if not self.embeddings.prefetch_waits_for_gpu():  # counts known: no reason to wait
+            self.embeddings.prefetch_ids()
 
     def after_forward(self) -> None:
         self.embeddings.prefetch_ids()  # next batch's ids AllToAll overlaps backward

@@ -13,6 +13,7 @@ from typing import Any
 GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
 CPU_CATS = {"cpu_op", "cuda_runtime", "cuda_driver", "python_function", "user_annotation"}
 STEP_PREFIX = "ProfilerStep#"
+ENGINE_PREFIX = "autograd::engine::evaluate_function"  # ops run by autograd's threads
 # Runtime calls during which the host waits for the GPU (a pageable copy syncs too).
 WAIT_CALLS = {
     "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
@@ -200,11 +201,13 @@ def gpu_gaps(
 
 def host_steps(trace: dict[str, Any]) -> list[HostStep]:
     """Per profiled step (CPU ``ProfilerStep#`` span): host time and host waits
-    for the GPU on the step's own thread (other threads' waits block no launch)."""
+    for the GPU on the step's own thread and on autograd's engine threads (the
+    step's thread is blocked in backward meanwhile); a loader thread's waits
+    block no launch."""
     events = trace.get("traceEvents") if isinstance(trace, dict) else None
     if not isinstance(events, list):
         raise ValueError("not a Chrome trace (no traceEvents list)")
-    steps, waits = [], []
+    steps, waits, engine = [], [], set()
     for ev in events:
         if not isinstance(ev, dict) or ev.get("ph") != "X" or "ts" not in ev:
             continue
@@ -214,9 +217,12 @@ def host_steps(trace: dict[str, Any]) -> list[HostStep]:
             steps.append((s, e, ev.get("tid"), name))
         elif cat in CPU_CATS and name in WAIT_CALLS:
             waits.append((s, e, ev.get("tid")))
+        elif name.startswith(ENGINE_PREFIX):
+            engine.add(ev.get("tid"))
     out = []
     for s, e, tid, name in sorted(steps, key=lambda x: x[0]):
-        mine = _union([(max(ws, s), min(we, e)) for ws, we, wt in waits if wt == tid])
+        blocking = engine | {tid}
+        mine = _union([(max(ws, s), min(we, e)) for ws, we, wt in waits if wt in blocking])
         wait = _length([(a, b) for a, b in mine if b > a])
         out.append(HostStep(name, e - s, wait, e - s - wait))
     return out

@@ -6,6 +6,9 @@ not change, and lookups that are not the caller's own batches (evaluation,
 under `prefetch_disabled`) and problems known on the host are still caught.
 """
 
+import threading
+from collections import Counter
+
 import pytest
 import torch
 
@@ -41,21 +44,24 @@ def test_checked_inputs_train_bit_for_bit_the_same(world_size, optimizer):
 
 
 def _preflights(comm, checked: bool, monkeypatch) -> int:
-    calls = []
+    calls = Counter()  # per rank thread
     real = input_dist.start_preflight
-    monkeypatch.setattr(
-        input_dist, "start_preflight", lambda *a, **k: calls.append(1) or real(*a, **k)
-    )
+
+    def counted(*args, **kwargs):
+        calls[threading.get_ident()] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(input_dist, "start_preflight", counted)
     coll = make_collection(comm, "sgd", {})
     coll.host_checked_inputs = checked
     run_steps(coll, comm, range(2))
-    return len(calls)
+    return calls[threading.get_ident()]
 
 
 def test_one_rank_with_checked_inputs_exchanges_nothing(monkeypatch):
     assert run_threads(_preflights, 1, True, monkeypatch) == [0]
     assert run_threads(_preflights, 1, False, monkeypatch) == [2]
-    assert run_threads(_preflights, 2, True, monkeypatch) == [4, 4]  # both ranks count in one list
+    assert run_threads(_preflights, 2, True, monkeypatch) == [2, 2]  # counts must travel
 
 
 def _still_caught(comm) -> list[str]:
@@ -86,3 +92,22 @@ def test_what_the_host_did_not_check_is_still_caught(world_size):
         assert "looked up id 12, outside [0, 10)" in messages[0]
         assert "looked up feature(s) ['y'] that no table declares" in messages[1]
         assert "ids of a non-integer dtype" in messages[2]
+
+
+def _waits_after_prefetch(comm, checked: bool, prioritized: bool) -> list[bool]:
+    coll = make_collection(comm, "sgd", {})
+    coll.host_checked_inputs = checked
+    coll.set_prioritized(prioritized)
+    features = {"uih": JaggedTensor(torch.tensor([1, 2]), torch.tensor([0, 2]))}
+    before = coll.prefetch_waits_for_gpu()
+    coll.prefetch(features)
+    waits = coll.prefetch_waits_for_gpu()
+    coll.prefetch_ids()
+    return [before, waits, coll.prefetch_waits_for_gpu()]
+
+
+@pytest.mark.parametrize("prioritized", [False, True])
+def test_prefetch_waits_for_gpu_only_while_counts_are_unread(prioritized):
+    assert run_threads(_waits_after_prefetch, 1, True, prioritized) == [[False, False, False]]
+    assert run_threads(_waits_after_prefetch, 1, False, prioritized) == [[False, True, False]]
+    assert run_threads(_waits_after_prefetch, 2, True, prioritized) == [[False, True, False]] * 2

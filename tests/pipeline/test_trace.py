@@ -80,6 +80,23 @@ def test_host_steps_subtract_waits_on_the_step_thread_only():
         host_steps({"x": 1})
 
 
+def test_host_steps_count_waits_of_autograd_engine_threads():
+    """Backward runs on autograd's device thread while the step's thread blocks
+    in ``backward()``: a wait there is the step's wait too."""
+    trace = one_gpu_trace()
+    engine = "autograd::engine::evaluate_function: ShardedLookupBackward"
+    trace["traceEvents"] += [
+        {**cpu(320, 200, engine), "tid": 3},
+        {**cpu(330, 120, "cudaEventSynchronize", "cuda_runtime"), "tid": 3},
+        {**cpu(100, 50, "cudaMemcpyAsync", "cuda_runtime"), "tid": 2},  # a loader's
+    ]
+    rows = [(h.name, h.wait_us, h.host_us) for h in host_steps(trace)]
+    # Step 3: the stream synchronize [300, 600) already covers [330, 450).
+    assert rows == [("ProfilerStep#2", 50, 250), ("ProfilerStep#3", 300, 200)]
+    trace["traceEvents"].append({**cpu(700, 50, "cudaEventSynchronize", "cuda_runtime"), "tid": 3})
+    assert [h.wait_us for h in host_steps(trace)] == [50, 350]
+
+
 def test_two_devices_reported_separately():
     events = [
         kernel(0, 10, device=0),
