@@ -3,11 +3,14 @@
 Building a long-UIH batch is Python and numpy work of about a step's length
 (h200-21k), so it runs in ``torch.utils.data.DataLoader`` worker processes:
 it never competes with the trainer's launch thread (or the balancer's helper
-thread) for the GIL. The DataLoader pins the batches; a small thread of the
-trainer then issues each host-to-device copy on a dedicated copy stream and
-queues the batch with an event that the consumer's stream waits on, so the
-copy overlaps the previous step's compute. ``workers=0`` builds batches in
-that thread instead (the CPU demo: no process start-up).
+thread) for the GIL. On GPUs each batch travels packed into one buffer
+(`freescale.jagged.packed`: one shared-memory descriptor, one pinned buffer
+and one copy instead of one of each per tensor). The DataLoader pins the
+batches; a small thread of the trainer then issues each host-to-device copy
+on a dedicated copy stream and queues the batch with an event that the
+consumer's stream waits on, so the copy overlaps the previous step's
+compute. ``workers=0`` builds batches in that thread instead (the CPU demo:
+no process start-up).
 
 Batches stay in step order (the DataLoader returns them in order), ``depth``
 batches ahead of the trainer per worker (the paper budgets one extra batch).
@@ -27,6 +30,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from freescale.balance.world import NUM_FEATURES, batch_features
 from freescale.jagged.batch import SampleBatch
+from freescale.jagged.packed import PackedBatch, pack
 
 _DONE = object()
 
@@ -83,17 +87,20 @@ class StepBatches(Dataset):
         steps: range,
         host_lengths: Any = None,
         validate: Any = None,
+        packed: bool = False,
     ) -> None:
         self.source, self.rank, self.world_size = source, rank, world_size
         self.batch_size, self.steps = batch_size, steps
         self.host_lengths, self.validate = host_lengths, validate
+        self.packed = packed
 
     def __len__(self) -> int:
         return len(self.steps)
 
-    def __getitem__(self, k: int) -> tuple[SampleBatch, BatchInfo]:
+    def __getitem__(self, k: int) -> tuple[SampleBatch | PackedBatch, BatchInfo]:
         batch = self.source.batch(self.steps[k], self.rank, self.world_size, self.batch_size)
-        return batch, BatchInfo.of(batch, self.host_lengths, self.validate)
+        info = BatchInfo.of(batch, self.host_lengths, self.validate)
+        return (pack(batch) if self.packed else batch), info
 
 
 def _worker_init(_: int) -> None:
@@ -124,6 +131,7 @@ class Prefetcher:
         workers: int = 0,
         delay_ms: float = 0.0,
         validate: Any = None,
+        packed: bool | None = None,
     ) -> None:
         self.device = device
         cuda = device.type == "cuda"
@@ -131,7 +139,11 @@ class Prefetcher:
         # Injected delay (`freescale.pipeline.faults`): the copy thread hands
         # out at most one batch per ``delay_ms``, whatever the worker count.
         self.delay_s = delay_ms / 1000.0
-        data = StepBatches(source, rank, world_size, batch_size, steps, host_lengths, validate)
+        # Packed (default on GPUs): one descriptor, pinned buffer and copy per batch.
+        packed = cuda if packed is None else packed
+        data = StepBatches(
+            source, rank, world_size, batch_size, steps, host_lengths, validate, packed
+        )
         loader = DataLoader(
             data,
             batch_size=None,  # items are whole batches already
@@ -162,6 +174,8 @@ class Prefetcher:
                         batch = batch.to(self.device, non_blocking=True)
                         event = torch.cuda.Event()
                         event.record(self.copy_stream)
+                if isinstance(batch, PackedBatch):
+                    batch = batch.unpack()
                 self._put((batch, info, event))
         except BaseException as e:  # surfaced in get(), on the trainer's thread
             self._error = e
