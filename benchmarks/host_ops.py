@@ -92,8 +92,7 @@ def instrument(trainer: Trainer) -> None:
         setattr(module, name, labelled(label, getattr(module, name)))
     sequence_mod.attend = labelled(ATTENTION, sequence_mod.attend)
     for name, label in (
-        ("bce_loss", "loss"),
-        ("bce_total", "metrics.bce_total"),
+        ("bce_loss_and_sum", "loss"),
         ("skip_flags", "skip_flags"),
         ("read_later", "metrics.read_later"),
     ):

@@ -18,8 +18,15 @@ from torch import Tensor
 
 def bce_loss(logits: Tensor, labels: Tensor, global_count: int | Tensor) -> Tensor:
     """Σ BCE over this rank's candidates / global candidate count."""
+    return bce_loss_and_sum(logits, labels, global_count)[0]
+
+
+def bce_loss_and_sum(
+    logits: Tensor, labels: Tensor, global_count: int | Tensor
+) -> tuple[Tensor, Tensor]:
+    """`bce_loss` and, detached, the Σ BCE it divides (the metrics' sum: one kernel for both)."""
     total = F.binary_cross_entropy_with_logits(logits.float(), labels.float(), reduction="sum")
-    return total / global_count
+    return total / global_count, total.detach()
 
 
 def entropy(p: float) -> float:

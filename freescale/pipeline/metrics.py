@@ -103,47 +103,61 @@ def gather_step(local: RankStep, group: Any = None) -> torch.Tensor:
 
 
 def summarize_step(step: int, table: torch.Tensor) -> dict[str, Any]:
-    col = {name: table[:, i] for i, name in enumerate(_FIELDS)}
-    t_iter = float(col["step_ms"].max())
+    # One read of the table, then Python: on a few CPU numbers each torch op
+    # costs the launch thread more than its arithmetic. The sums behind the
+    # loss and NE stay torch's, so their rounding is unchanged at any W.
+    rows = table.tolist()
+    col = {name: [r[i] for r in rows] for i, name in enumerate(_FIELDS)}
+    bce, pos, cands = (
+        float(table[:, _FIELDS.index(k)].sum()) for k in ("bce_sum", "positives", "candidates")
+    )
+    t_iter = max(col["step_ms"])
     compute = col["compute_ms"]
-    straggler = float(((compute.max() - compute) / t_iter).mean()) * 100 if t_iter > 0 else 0.0
-    bce, pos, cands = (float(col[k].sum()) for k in ("bce_sum", "positives", "candidates"))
+    slowest = max(compute)
+    straggler = _mean([(slowest - c) / t_iter for c in compute]) * 100 if t_iter > 0 else 0.0
     return {
         "step": step,
         "step_ms": t_iter,
         "compute_ms": _rounded(compute),
         "straggler_pct": straggler,
-        "exposed_comm_ms": {c: float(col[c].mean()) for c in CATEGORIES},
+        "exposed_comm_ms": {c: _mean(col[c]) for c in CATEGORIES},
         # of emb_a2a + grad_a2a, the part spent waiting for collision rows (freescale)
-        "exposed_collision_ms": float(col["collision_part_ms"].mean()),
+        "exposed_collision_ms": _mean(col["collision_part_ms"]),
         # share of step i+1's rows / ids that step i updates first (freescale), all shards
-        "collision_rows_pct": _pct(col["collision_rows"].sum(), col["rows_next"].sum()),
-        "collision_ids_pct": _pct(col["collision_ids"].sum(), col["ids_next"].sum()),
+        "collision_rows_pct": _pct(sum(col["collision_rows"]), sum(col["rows_next"])),
+        "collision_ids_pct": _pct(sum(col["collision_ids"]), sum(col["ids_next"])),
         "collision_rows_pct_ranks": [
             _pct(a, b) for a, b in zip(col["collision_rows"], col["rows_next"], strict=True)
         ],
-        "data_wait_ms": float(col["data_ms"].mean()),
+        "data_wait_ms": _mean(col["data_ms"]),
         # per rank: the summed cost features of its batch (FEATURES order), so a
         # compute model can be fitted from and checked against the JSON lines
-        "rank_features": table[:, [_FIELDS.index(f"feature_{n}") for n in FEATURES]].tolist(),
+        "rank_features": [[r[i] for i in _FEATURE_COLUMNS] for r in rows],
         # per rank, in rank order
         "step_ms_ranks": _rounded(col["step_ms"]),
         "data_wait_ms_ranks": _rounded(col["data_ms"]),
         "exposed_comm_ms_ranks": {c: _rounded(col[c]) for c in CATEGORIES},
-        "qps": float(col["items"].sum()) / (t_iter / 1000.0) if t_iter > 0 else 0.0,
+        "qps": sum(col["items"]) / (t_iter / 1000.0) if t_iter > 0 else 0.0,
         "loss": bce / cands if cands else float("nan"),
         "ne": normalized_entropy(bce, pos, cands),
-        "samples": int(col["samples"].sum()),
-        "items": int(col["items"].sum()),
+        "samples": int(sum(col["samples"])),
+        "items": int(sum(col["items"])),
     }
 
 
-def _pct(part: torch.Tensor, whole: torch.Tensor) -> float:
-    return round(100.0 * float(part) / float(whole), 3) if float(whole) > 0 else 0.0
+_FEATURE_COLUMNS = [_FIELDS.index(f"feature_{n}") for n in FEATURES]
 
 
-def _rounded(values: torch.Tensor) -> list[float]:
-    return [round(float(v), 3) for v in values]
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def _pct(part: float, whole: float) -> float:
+    return round(100.0 * part / whole, 3) if whole > 0 else 0.0
+
+
+def _rounded(values: list[float]) -> list[float]:
+    return [round(v, 3) for v in values]
 
 
 @dataclass

@@ -24,7 +24,7 @@ from freescale.comm import make_communicator
 from freescale.embedding import swap
 from freescale.jagged.batch import SampleBatch
 from freescale.jagged.ops import copy_to_host, wait_for_copy
-from freescale.models.loss import bce_loss, bce_sum, bce_total, normalized_entropy
+from freescale.models.loss import bce_loss_and_sum, bce_sum, normalized_entropy
 from freescale.models.sequence import SequenceModel
 from freescale.pipeline.balancing import BalanceStage, Feed, balance_partitioner, host_lengths
 from freescale.pipeline.checkpoint import Checkpointer, check_resumable
@@ -176,7 +176,7 @@ class Trainer:
             # Here the host is far ahead of the GPU (forward only launched kernels);
             # after backward it is not: the sparse update reads sizes back.
             self.balance.stage3()
-        loss = bce_loss(logits, batch.labels, global_count)
+        loss, total = bce_loss_and_sum(logits, batch.labels, global_count)
         if min(info.samples, info.uih_tokens, info.candidates) == 0:
             loss = self.dense.cover_all(loss)  # empty parts: every rank reduces every bucket
         loss = self.poison(loss)
@@ -197,7 +197,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         if self.balance is not None:
             self.balance.collect()
-        return bce_total(logits.detach(), batch.labels), flags
+        return total, flags
 
     def poison(self, loss: Tensor) -> Tensor:
         """The loss as given (tests replace this to inject a non-finite step)."""
@@ -345,10 +345,10 @@ class Trainer:
             bce, flags = self._train_step(batch, info)
             collision = self.schedule.collision_counts() if step + 1 < cfg.steps else None
             self.timer.add_interval("step", step_start, self.timer.mark())
-            on_device = [bce.double(), *flags.double()]
+            on_device = [bce.double().reshape(1), flags.double()]
             if math.isnan(info.positives):  # labels moved with the balanced samples
-                on_device.append(batch.labels.sum().double())
-            values = torch.stack(on_device)
+                on_device.append(batch.labels.sum().double().reshape(1))
+            values = torch.cat(on_device)
             record = StepRecord(step, info, read_later(values), self.timer.take(), handle)
             if collision is not None:
                 record.collision = read_later(collision)
