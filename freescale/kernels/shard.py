@@ -95,6 +95,13 @@ class RowSharding:
     def locate(self, ids: Tensor) -> tuple[Tensor, Tensor]:
         """Owner rank (in ``[0, W)`` even for invalid ids) and local slot, both int64."""
         ids = ids.to(torch.int64)
+        if self.world_size == 1:  # what the formulas give: every id is its own slot
+            return torch.zeros_like(ids), ids
+        return self.locate_by_formula(ids)
+
+    def locate_by_formula(self, ids: Tensor) -> tuple[Tensor, Tensor]:
+        """`locate` through the module docstring's formulas at any world size."""
+        ids = ids.to(torch.int64)
         if self.kind == "block":
             per = self.local_rows
             owner = torch.div(ids, per, rounding_mode="floor").clamp_(0, self.world_size - 1)

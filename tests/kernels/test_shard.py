@@ -167,3 +167,18 @@ def test_invalid_calls():
         RowSharding(10, 2).global_ids(2)
     with pytest.raises(ValueError, match="integer"):
         bucketize_by_shard(torch.zeros(3), RowSharding(10, 2))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    kind=st.sampled_from(["block", "hashed"]),
+    block_size=st.sampled_from([1, 2, 5]),
+    rows=st.integers(1, 300),
+    ids=st.lists(st.integers(-(2**40), 2**40), max_size=50),
+)
+def test_one_rank_shortcut_is_what_the_formulas_give(kind, block_size, rows, ids):
+    sharding = RowSharding(rows, 1, kind, block_size)
+    x = torch.tensor(ids + list(range(rows)), dtype=torch.int64)
+    owner, local = sharding.locate(x)
+    ref_owner, ref_local = sharding.locate_by_formula(x)
+    assert same(owner, ref_owner) and same(local, ref_local)
