@@ -163,6 +163,14 @@ PY
       done
       tar czf "$out/overhead-b$b-graphs-true-steps.tgz" -C "$out" --exclude="*-trace.json.gz" \
         "overhead-b$b-graphs-true-steps" && rm -rf "$out/overhead-b$b-graphs-true-steps" ;;
+    grid-*)  # issue 18: grid-<batch>-<dense_graphs>, e.g. grid-128-false: one overhead grid
+      IFS=- read -r _ b g <<< "$part"
+      timeout 400 python3 benchmarks/overhead.py --batch "$b" --set dense_graphs=$g \
+        --steps 40 --warmup 20 --trace-steps 30-32 \
+        --out "$out/overhead-b$b-graphs-$g" 2>&1 | grep -E "^\[|rror|  File " | tail -12
+      rm -f "$out/overhead-b$b-graphs-$g-steps/"*-trace.json.gz ;;
+    packsteps)  # one .tgz of every sweep's step lines left under $out (the device returns <= 8 files)
+      (cd "$out" && tar czf steps.tgz --remove-files ./*-steps) ;;
     smfree1)  # issue 12 on one GPU: processes sharing it
       timeout 300 python3 -m pytest -q -p no:cacheprovider tests/comm/test_smfree_gpu.py 2>&1 \
         | tail -5 || status=1
