@@ -57,9 +57,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-uih", default="2000,8000,21000")
     p.add_argument("--batch", default="32,128")
     p.add_argument("--modes", default="sync,sdd,freescale")
-    p.add_argument("--steps", type=int, default=25)
-    p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--trace-steps", default="20-22", help="profiled steps (inclusive)")
+    # 40 steps: graph captures (dense_graphs=true) and the loader's start are over by 20.
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--trace-steps", default="30-32", help="profiled steps (inclusive)")
     p.add_argument("--set", dest="overrides", action="append", default=[])
     p.add_argument("--baseline", default="", help="JSON of an earlier run: fail on idle % rises")
     p.add_argument("--tolerance", type=float, default=2.0, help="allowed idle rise (points)")
@@ -173,8 +174,11 @@ def add_memory_ratios(rows: list[dict[str, Any]]) -> None:
         r["mem_vs_sync"] = r["peak_mem_gb"] / base if ok else None
 
 
-def read_baseline(path: str) -> dict[tuple, float]:
-    """Idle % per (max UIH, batch, mode) from a JSON this script wrote (file or JSON line)."""
+def read_baseline(path: str, overrides: list[str] | None = None) -> dict[tuple, float]:
+    """Idle % per (max UIH, batch, mode) from a JSON this script wrote (file or JSON line).
+
+    A baseline recorded with other ``--set`` overrides (``dense_graphs=true``,
+    say) measures another program: comparing with it is an error."""
     try:
         text = Path(path).read_text()
     except OSError as e:
@@ -189,6 +193,12 @@ def read_baseline(path: str) -> dict[tuple, float]:
             data = None
     if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
         raise ValueError(f"--baseline {path}: not a JSON with 'rows' from overhead.py")
+    recorded, wanted = sorted(data.get("overrides", [])), sorted(overrides or [])
+    if recorded != wanted:
+        raise ValueError(
+            f"--baseline {path} was recorded with --set {recorded or 'nothing'}, "
+            f"this run has {wanted or 'nothing'}: compare like with like"
+        )
     return {
         tuple(r[k] for k in KEY): r["gpu_idle_pct"]
         for r in data["rows"]
@@ -239,6 +249,7 @@ def write(args: argparse.Namespace, rows: list[dict[str, Any]], failures: list[s
         "date": str(date.today()),
         "machine": f"{torch.cuda.device_count()} x {gpu}, torch {torch.__version__}",
         "command": f"python {' '.join(sys.argv)}",
+        "overrides": args.overrides,
     }
     out = Path(args.out)
     out.with_suffix(".json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
@@ -274,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         ]
         for point in grid:  # every config checked before the first run starts
             build_config(args.preset, [*args.overrides, *(f"{k}={v}" for k, v in point.items())])
-        base = read_baseline(args.baseline) if args.baseline else {}
+        base = read_baseline(args.baseline, args.overrides) if args.baseline else {}
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -47,7 +47,8 @@ def test_smoke_run_emits_table_and_json(tmp_path):
     assert json.loads(out.with_suffix(".json").read_text())["rows"] == rows
     assert "GPU idle" in out.with_suffix(".md").read_text()
     # The run's own JSON is a valid baseline (no idle % on CPU: nothing to compare).
-    assert _module().read_baseline(str(out.with_suffix(".json"))) == {}
+    recorded = json.loads(out.with_suffix(".json").read_text())["overrides"]
+    assert _module().read_baseline(str(out.with_suffix(".json")), recorded) == {}
 
 
 def _row(uih, batch, mode, idle, mem=None):
@@ -72,6 +73,19 @@ def test_baseline_guard_fails_on_idle_rise_above_tolerance(tmp_path):
     bad = [_row(2000, 32, "sync", 7.1), _row(2000, 32, "sdd", 1.0)]
     [failure] = mod.check_baseline(bad, base, 2.0)
     assert "2000" in failure and "sync" in failure and "7.10%" in failure
+
+
+def test_baseline_of_other_overrides_is_refused(tmp_path):
+    mod = _module()
+    base_file = tmp_path / "base.json"
+    rows = [_row(2000, 32, "sync", 5.0)]
+    base_file.write_text(json.dumps({"overrides": ["dense_graphs=true"], "rows": rows}))
+    assert mod.read_baseline(str(base_file), ["dense_graphs=true"]) == {(2000, 32, "sync"): 5.0}
+    with pytest.raises(ValueError, match="recorded with --set \\['dense_graphs=true'\\]"):
+        mod.read_baseline(str(base_file))
+    base_file.write_text(json.dumps({"rows": rows}))  # an old baseline: recorded without --set
+    with pytest.raises(ValueError, match="this run has \\['dense_graphs=true'\\]"):
+        mod.read_baseline(str(base_file), ["dense_graphs=true"])
 
 
 def test_memory_ratio_is_against_sync_at_the_same_point():
