@@ -11,7 +11,11 @@
 #   the loader or the balancer), synccheck (1 GPU: every host-GPU sync
 #   call site of sync/sdd, balanced or not), overhead (1 GPU: host overhead,
 #   GPU idle %, peak memory at UIH 2k/8k/21k x batch 32/128 x sync/sdd/freescale;
-#   fails on an idle rise over benchmarks/results/overhead-baseline.json if present).
+#   fails on an idle rise over benchmarks/results/overhead-baseline.json),
+#   overhead-graphs (the same with dense_graphs=true, against
+#   overhead-baseline-graphs.json), grid-<batch>-<graphs> (one batch size),
+#   b32g/b128g (graphs grid keeping the 2k traces), diag32/waits32 (where the
+#   batch-32 steps idle: trace gaps, sync_debug waits, cProfile), packsteps.
 # Everything runs from the checkout (PYTHONPATH). Sweep outputs are packed
 # into one .tgz per part (the device returns at most 8 files).
 set -uo pipefail
@@ -179,13 +183,17 @@ PY
         > "$out/comm-bandwidth.log" 2>&1; tail -5 "$out/comm-bandwidth.log"
       timeout 300 python3 benchmarks/interference.py --out "$out/interference-1xH200" 2>&1 \
         | grep -v Warning | tail -16 ;;
-    overhead)  # issue 18: 18 points x 25 steps (3 profiled), one process each: ~5 min
-      base=(); [ -f benchmarks/results/overhead-baseline.json ] \
-        && base=(--baseline benchmarks/results/overhead-baseline.json)
-      timeout 540 python3 benchmarks/overhead.py --out "$out/overhead-1xH200" "${base[@]}" \
+    overhead|overhead-graphs)  # issue 18: 18 points x 40 steps (3 profiled), one process each
+      # against the baseline recorded with the same settings (eager / dense_graphs=true)
+      set_=(); base=benchmarks/results/overhead-baseline.json; name=overhead-1xH200
+      if [ "$part" = overhead-graphs ]; then
+        set_=(--set dense_graphs=true); base=benchmarks/results/overhead-baseline-graphs.json
+        name=overhead-graphs-1xH200
+      fi
+      timeout 580 python3 benchmarks/overhead.py --out "$out/$name" "${set_[@]}" --baseline "$base" \
         2>&1 | grep -E "^\[|^\||REGRESSION|error" ; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-      tar czf "$out/overhead-1xH200-steps.tgz" -C "$out" --exclude="*-trace.json.gz" \
-        overhead-1xH200-steps && rm -rf "$out/overhead-1xH200-steps" ;;
+      tar czf "$out/$name-steps.tgz" -C "$out" --exclude="*-trace.json.gz" "$name-steps" \
+        && rm -rf "$out/$name-steps" ;;
     graphs32|graphs128)  # issue 18: CUDA graphs of the dense blocks vs eager, one batch size
       b=${part#graphs}
       timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/models 2>&1 \
