@@ -68,7 +68,8 @@ def start(
     structural = unknown or any(q.host_status is not None for q in requests)
     if checked and w == 1 and not structural:  # raising those needs the preflight
         for call in calls:
-            call.send = call.recv = [sum(call.sizes)]
+            n = sum(call.sizes)
+            call.send, call.recv = [n], [n]
         return PreparedLookup(keys, requests, groups, calls, None)
     counts = torch.zeros(w, len(stores), dtype=torch.int64, device=device)
     for g, call in zip(groups, calls, strict=True):

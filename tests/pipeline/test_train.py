@@ -133,6 +133,11 @@ def test_train_cli_prints_a_json_summary(tmp_path):
     trace = json.loads((tmp_path / "trace.json").read_text())
     names = {e.get("name", "") for e in trace["traceEvents"]}
     assert any("ProfilerStep#2" in n for n in names), sorted(names)[:20]
+    # Exactly the window: step 1 only warmed the profiler up (its start-up cost stays out).
+    assert {n for n in names if n.startswith("ProfilerStep#")} == {
+        "ProfilerStep#2",
+        "ProfilerStep#3",
+    }
     assert (tmp_path / "trace.rank1.json").exists()  # one file per rank
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["steps"] == 6 and summary["world_size"] == 2
