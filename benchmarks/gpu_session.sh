@@ -15,7 +15,7 @@
 #   overhead-graphs (the same with dense_graphs=true, against
 #   overhead-baseline-graphs.json), grid-<batch>-<graphs> (one batch size),
 #   b32g/b128g (graphs grid keeping the 2k traces), diag32/waits32 (where the
-#   batch-32 steps idle: trace gaps, sync_debug waits, cProfile), packsteps.
+#   batch-32 steps idle: trace gaps, sync_debug waits, cProfile).
 # Everything runs from the checkout (PYTHONPATH). Sweep outputs are packed
 # into one .tgz per part (the device returns at most 8 files).
 set -uo pipefail
@@ -32,6 +32,17 @@ pack() {  # $1: sweep output stem; keeps JSON lines and rank-0 traces
   rm -f "$d/$s-steps/"*.rank[1-9]*.json.gz
   tar czf "$1.tgz" -C "$d" "$s.md" "$s.json" "$s-steps" $( [ -f "$1.png" ] && echo "$s.png" )
   rm -rf "$1-steps" "$1.json"
+}
+grid() {  # $1 batch, $2 dense_graphs [, keep]: one overhead grid (its step lines: steps.tgz)
+  local stem="$out/overhead-b$1-graphs-$2"
+  timeout 400 python3 benchmarks/overhead.py --batch "$1" --set dense_graphs="$2" --out "$stem" \
+    2>&1 | grep -E "^\[|^\||rror|  File " | tail -40
+  if [ "${3:-}" = keep ]; then
+    for m in sync freescale; do
+      cp "$stem-steps/"*uih2000*mode$m-trace.json.gz "$out/trace-b$1-2k-$m.json.gz"
+    done
+  fi
+  rm -f "$stem-steps/"*-trace.json.gz
 }
 status=0
 for part in "$@"; do
@@ -157,24 +168,10 @@ PY
           > "$out/trace-b32-$u-$m.txt" 2>&1; sed -n 3p "$out/trace-b32-$u-$m.txt"
         grep -A6 "per step" "$out/trace-b32-$u-$m.txt" | tail -3; rm -f "$out/t$u$m.json.gz"
       done; done ;;
-    b32g|b128g)  # issue 18: the overhead grid with graphs only; keeps the 2k sync/freescale traces
-      b=${part#b}; b=${b%g}
-      timeout 400 python3 benchmarks/overhead.py --batch "$b" --set dense_graphs=true \
-        --steps 40 --warmup 20 --trace-steps 30-32 \
-        --out "$out/overhead-b$b-graphs-true" 2>&1 | grep -E "^\[|^\||rror|  File " | tail -40
-      for m in sync freescale; do
-        cp "$out/overhead-b$b-graphs-true-steps/"*uih2000*mode$m-trace.json.gz "$out/trace-b$b-2k-$m.json.gz"
-      done
-      tar czf "$out/overhead-b$b-graphs-true-steps.tgz" -C "$out" --exclude="*-trace.json.gz" \
-        "overhead-b$b-graphs-true-steps" && rm -rf "$out/overhead-b$b-graphs-true-steps" ;;
+    b32g|b128g)  # issue 18: the graphs grid at one batch size, keeping the 2k sync/freescale traces
+      b=${part#b}; grid "${b%g}" true keep ;;
     grid-*)  # issue 18: grid-<batch>-<dense_graphs>, e.g. grid-128-false: one overhead grid
-      IFS=- read -r _ b g <<< "$part"
-      timeout 400 python3 benchmarks/overhead.py --batch "$b" --set dense_graphs=$g \
-        --steps 40 --warmup 20 --trace-steps 30-32 \
-        --out "$out/overhead-b$b-graphs-$g" 2>&1 | grep -E "^\[|rror|  File " | tail -12
-      rm -f "$out/overhead-b$b-graphs-$g-steps/"*-trace.json.gz ;;
-    packsteps)  # one .tgz of every sweep's step lines left under $out (the device returns <= 8 files)
-      (cd "$out" && tar czf steps.tgz --remove-files ./*-steps) ;;
+      IFS=- read -r _ b g <<< "$part"; grid "$b" "$g" ;;
     smfree1)  # issue 12 on one GPU: processes sharing it
       timeout 300 python3 -m pytest -q -p no:cacheprovider tests/comm/test_smfree_gpu.py 2>&1 \
         | tail -5 || status=1
@@ -198,14 +195,12 @@ PY
       b=${part#graphs}
       timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/models 2>&1 \
         | tee "$out/gpu_tests_models_$b.log" | tail -4
-      for g in true false; do
-        timeout 330 python3 benchmarks/overhead.py --batch "$b" --set dense_graphs=$g \
-          --steps 40 --warmup 20 --trace-steps 30-32 \
-          --out "$out/overhead-b$b-graphs-$g" 2>&1 | grep -E "^\[|^\||rror|  File " | tail -60
-        tar czf "$out/overhead-b$b-graphs-$g-steps.tgz" -C "$out" --exclude="*-trace.json.gz" \
-          "overhead-b$b-graphs-$g-steps" && rm -rf "$out/overhead-b$b-graphs-$g-steps"
-      done ;;
+      grid "$b" true; grid "$b" false ;;
     *) echo "unknown part $part" >&2; exit 2 ;;
   esac
 done
+# Step lines of the grids, in one file (the device returns at most 8).
+if compgen -G "$out/overhead-b*-steps" > /dev/null; then
+  (cd "$out" && tar czf steps.tgz --remove-files ./overhead-b*-steps)
+fi
 exit $status

@@ -65,13 +65,8 @@ def route(store: ShardStore, requests: list[Request], world_size: int) -> GroupC
         owner, slot = store.shardings[q.slot_table].locate(q.ids)
         owners.append(owner)
         slots.append(slot + store.starts[q.slot_table])
-    slot = torch.cat(slots)
-    if world_size == 1:  # what the sort gives one destination: the slots in order
-        n = slot.shape[0]
-        counts = torch.full((1,), n, dtype=torch.int64, device=slot.device)
-        plan = DispatchPlan.from_counts(counts, torch.arange(n, device=slot.device))
-        return GroupCall(store, requests, plan, slot, plan.counts)
-    send_slots, plan = ranged_dispatch(slot, torch.cat(owners), world_size)
+    owner, slot = torch.cat(owners), torch.cat(slots)
+    send_slots, plan = ranged_dispatch(slot, owner, world_size)
     return GroupCall(store, requests, plan, send_slots, plan.counts)
 
 

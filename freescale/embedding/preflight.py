@@ -128,29 +128,20 @@ def fingerprint(keys: list[str]) -> int:
     return zlib.crc32("\0".join(sorted(keys)).encode())
 
 
-_FINGERPRINTS: dict[tuple[tuple[str, ...], torch.device], Tensor] = {}
+_CONSTANTS: dict[tuple[tuple[int, ...], torch.device], Tensor] = {}
 
 
-def _fingerprint_on(keys: tuple[str, ...], device: torch.device) -> Tensor:
-    """``[fingerprint(keys)]`` on ``device``, copied there once per key set: the
-    same keys come every step, and each copy of a fresh host tensor is a
-    host-to-device transfer on the step's path. Read-only: callers only read it."""
-    cached = _FINGERPRINTS.get((keys, device))
+def _constant_on(values: tuple[int, ...], device: torch.device) -> Tensor:
+    """``values`` (int64) on ``device``, copied there once: the same ones come
+    every step (the key fingerprint, the head of checked inputs), and each
+    copy of a fresh host tensor is a host-to-device transfer on the step's
+    path. Read-only: callers only read it."""
+    cached = _CONSTANTS.get((values, device))
     if cached is None:
-        cached = host_to_device(torch.tensor([fingerprint(list(keys))], dtype=torch.int64), device)
-        if len(_FINGERPRINTS) < 64:  # a handful of key sets per program
-            _FINGERPRINTS[(keys, device)] = cached
+        cached = host_to_device(torch.tensor(values, dtype=torch.int64), device)
+        if len(_CONSTANTS) < 64:  # a handful of key sets per program
+            _CONSTANTS[(values, device)] = cached
     return cached
-
-
-_NO_PROBLEM: dict[torch.device, Tensor] = {}
-
-
-def _no_problem_on(device: torch.device) -> Tensor:
-    """The summary of inputs checked elsewhere, copied to ``device`` once (read-only)."""
-    if device not in _NO_PROBLEM:
-        _NO_PROBLEM[device] = host_to_device(torch.tensor([0, OK, 0, 0]), device)
-    return _NO_PROBLEM[device]
 
 
 @dataclass
@@ -185,11 +176,11 @@ def start_preflight(
     are still checked.
     """
     w, device = comm.world_size, send_counts.device
+    key = fingerprint(keys)
     if check_ids or unknown or any(q.host_status is not None for q in requests):
-        summary = _summary(requests, unknown, device)
-    else:
-        summary = _no_problem_on(device)
-    head = torch.cat([_fingerprint_on(tuple(sorted(keys)), device), summary])
+        head = torch.cat([_constant_on((key,), device), _summary(requests, unknown, device)])
+    else:  # nothing to check on the device: the same head every step
+        head = _constant_on((key, 0, OK, 0, 0), device)
     payload = torch.cat([head.reshape(1, 5).expand(w, 5), send_counts.to(torch.int64)], dim=1)
     work = exchange_counts(comm, payload)
     host_copy = None

@@ -46,12 +46,23 @@ class DispatchPlan:
         counts = counts.to(torch.int64)
         return DispatchPlan(counts, ops.lengths_to_offsets(counts), positions)
 
+    @staticmethod
+    def identity(num_rows: int, device: torch.device) -> DispatchPlan:
+        """Every row to rank 0, in place: what a stable sort gives one destination."""
+        counts = torch.full((1,), num_rows, dtype=torch.int64, device=device)
+        return DispatchPlan.from_counts(counts, torch.arange(num_rows, device=device))
+
 
 def ranged_dispatch(
     values: Tensor, dest: Tensor, world_size: int, *, impl: str | None = None
 ) -> tuple[Tensor, DispatchPlan]:
-    """Rows of ``values`` ([N] or [N, ...]) grouped by ``dest`` ([N], in ``[0, world_size)``)."""
+    """Rows of ``values`` ([N] or [N, ...]) grouped by ``dest`` ([N], in ``[0, world_size)``).
+
+    One destination (world size 1) needs no sort: the send buffer is
+    ``values`` itself (not a copy) and the plan the identity."""
     _check(values, dest, world_size)
+    if world_size == 1:
+        return values, DispatchPlan.identity(values.shape[0], values.device)
     path = choose_impl(impl, values.device)
     if path == "torch":
         return ranged_dispatch_reference(values, dest, world_size)

@@ -31,13 +31,17 @@ from freescale.jagged.ops import BLOCKING_WAITS
 MIN_WAIT_S = 2e-4  # shorter synchronize calls are bookkeeping, not waits
 
 
-def _site() -> str:
-    frames = [
+def _freescale_frames() -> list[str]:
+    """The caller's FreeScale frames, outermost first (this module left out)."""
+    return [
         f"{f.filename.split('freescale/')[-1]}:{f.lineno} {f.name}"
-        for f in traceback.extract_stack()[:-2]
+        for f in traceback.extract_stack()
         if "/freescale/" in f.filename and "sync_debug" not in f.filename
     ]
-    return " < ".join(reversed(frames[-3:])) or "outside freescale"
+
+
+def _site() -> str:
+    return " < ".join(reversed(_freescale_frames()[-3:])) or "outside freescale"
 
 
 @contextmanager
@@ -80,11 +84,7 @@ def report_host_syncs(enabled: bool, rank: int) -> Iterator[None]:
         if "synchronizing cuda operation" not in str(message).lower():
             previous(message, category, filename, lineno, file, line)
             return
-        frames = tuple(
-            f"{f.filename.split('freescale/')[-1]}:{f.lineno} {f.name}"
-            for f in traceback.extract_stack()[:-1]
-            if "/freescale/" in f.filename and "sync_debug" not in f.filename
-        )[-5:]
+        frames = tuple(_freescale_frames()[-5:])
         if frames not in seen:
             seen.add(frames)
             print(f"[rank {rank}] host sync: {message}\n    " + "\n    ".join(frames),

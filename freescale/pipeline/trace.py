@@ -228,6 +228,62 @@ def host_steps(trace: dict[str, Any]) -> list[HostStep]:
     return out
 
 
+@dataclass
+class ThreadOps:
+    """One host thread's top-level ops over the profiled steps, per step."""
+
+    tid: Any
+    busy_us: float  # union of its top-level ops (an op nested in another counts once)
+    ops: float
+    by_name: list[tuple[str, float, float]]  # (name, µs, calls), longest first
+
+
+def thread_ops(trace: dict[str, Any]) -> list[ThreadOps]:
+    """Where each thread's host time goes within the profiled steps: its
+    outermost CPU ops by name, per step (the launch thread, and autograd's
+    engine thread that runs backward while the launch thread waits)."""
+    events = [e for e in trace.get("traceEvents", []) if isinstance(e, dict) and e.get("ph") == "X"]
+    steps = [
+        (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)))
+        for e in events
+        if str(e.get("name", "")).startswith(STEP_PREFIX)
+        and not str(e.get("cat", "")).lower().startswith("gpu_")
+    ]
+    if not steps:
+        return []
+    lo, hi, n = min(a for a, _ in steps), max(b for _, b in steps), len(steps)
+    by_tid: dict[Any, list[tuple[float, float, str]]] = {}
+    for e in events:
+        cat, name = str(e.get("cat", "")).lower(), str(e.get("name", ""))
+        if cat in CPU_CATS - {"user_annotation"} and lo <= float(e["ts"]) < hi:
+            s = float(e["ts"])
+            by_tid.setdefault(e.get("tid"), []).append((s, s + float(e.get("dur", 0.0)), name))
+    out = []
+    for tid, ops in by_tid.items():
+        totals: dict[str, list[float]] = {}
+        end = -1.0
+        for s, e, name in sorted(ops, key=lambda o: (o[0], -o[1])):
+            if s >= end:  # outermost: not inside the previous outermost op
+                entry = totals.setdefault(name, [0.0, 0.0])
+                entry[0] += e - s
+                entry[1] += 1
+                end = e
+        rows = sorted(((k, us / n, c / n) for k, (us, c) in totals.items()), key=lambda r: -r[1])
+        busy = sum(r[1] for r in rows)
+        out.append(ThreadOps(tid, busy, sum(r[2] for r in rows), rows))
+    return sorted(out, key=lambda t: -t.busy_us)
+
+
+def format_threads(threads: list[ThreadOps], top: int) -> str:
+    lines = []
+    for t in threads:
+        lines += ["", f"Thread {t.tid}: {_ms(t.busy_us)} ms of outermost ops per step "
+                  f"({t.ops:.0f} ops)", ""]  # fmt: skip
+        rows = [[_ms(us), f"{c:.1f}", name[:90]] for name, us, c in t.by_name[:top]]
+        lines += _table(["ms/step", "calls/step", "op"], rows)
+    return "\n".join(lines) + "\n"
+
+
 def _ms(us: float) -> str:
     return f"{us / 1e3:.3f}"
 

@@ -63,6 +63,14 @@ def test_reference_is_a_stable_grouping(case):
 
 @settings(max_examples=60, deadline=None)
 @given(case=dispatch_cases())
+def test_dispatcher_equals_reference_one_rank_shortcut_included(case):
+    values, dest, world = case
+    got = ranged_dispatch(values, dest, world, impl="torch")
+    assert_dispatch_equal(got, ranged_dispatch_reference(values, dest, world))
+
+
+@settings(max_examples=60, deadline=None)
+@given(case=dispatch_cases())
 def test_eager_equals_reference(case):
     values, dest, world = case
     want = ranged_dispatch_reference(values, dest, world)

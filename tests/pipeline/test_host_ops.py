@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from freescale.embedding.preflight import _fingerprint_on, fingerprint
+from freescale.embedding.preflight import _constant_on, fingerprint
 from freescale.pipeline.nonfinite import total_norm
 
 SHAPES = [(3, 4), (0,), (1,), (7,), (2, 0, 3), (5, 1)]
@@ -34,9 +34,9 @@ def test_total_norm_of_mixed_dtypes_goes_to_torchs():
 
 def test_fingerprint_tensor_is_copied_once_per_key_set():
     keys = ("b_feature", "a_feature")
-    first = _fingerprint_on(tuple(sorted(keys)), torch.device("cpu"))
-    again = _fingerprint_on(tuple(sorted(keys)), torch.device("cpu"))
+    first = _constant_on((fingerprint(list(keys)),), torch.device("cpu"))
+    again = _constant_on((fingerprint(list(keys)),), torch.device("cpu"))
     assert again is first
     assert first.tolist() == [fingerprint(list(keys))]
-    other = _fingerprint_on(("c_feature",), torch.device("cpu"))
+    other = _constant_on((fingerprint(["c_feature"]),), torch.device("cpu"))
     assert other.tolist() == [fingerprint(["c_feature"])] != first.tolist()

@@ -3,7 +3,14 @@ import json
 
 import pytest
 
-from freescale.pipeline.trace import format_summary, gpu_gaps, host_steps, load_trace
+from freescale.pipeline.trace import (
+    format_summary,
+    format_threads,
+    gpu_gaps,
+    host_steps,
+    load_trace,
+    thread_ops,
+)
 
 
 def kernel(ts, dur, name="gemm", stream=7, device=0, cat="kernel"):
@@ -200,3 +207,20 @@ def test_host_waits_name_their_enclosing_ops():
     assert len(gpu_gaps({"traceEvents": events}, min_wait_us=100).host_waits) == 2
     text = format_summary(gpu_gaps({"traceEvents": events}))
     assert "| 3.000 | 0.300 | cudaStreamSynchronize | ShardedLookupBackward > aten::item |" in text
+
+
+def test_thread_ops_count_outermost_ops_per_step_and_thread():
+    trace = one_gpu_trace()  # steps 2 and 3 span [0, 800) on thread 1
+    engine = "autograd::engine::evaluate_function: MmBackward0"
+    trace["traceEvents"] += [
+        {**cpu(400, 100, engine), "tid": 3},
+        {**cpu(410, 50, "aten::mm"), "tid": 3},  # nested: counted in its parent only
+        {**cpu(900, 100, engine), "tid": 3},  # after the last step: not counted
+    ]
+    by_tid = {t.tid: t for t in thread_ops(trace)}
+    main = by_tid[1]  # train_step [0, 1000) is outermost; aten::item etc. inside it
+    assert main.by_name == [("train_step", 500.0, 0.5)]
+    assert by_tid[3].by_name == [(engine, 50.0, 0.5)] and by_tid[3].ops == 0.5
+    text = format_threads(thread_ops(trace), top=5)
+    assert "Thread 1: 0.500 ms of outermost ops per step" in text
+    assert thread_ops({"traceEvents": []}) == []
