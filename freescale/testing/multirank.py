@@ -139,9 +139,45 @@ def _collect(procs: list[Any], results: Any, world_size: int, timeout: float) ->
                     ) from None
             continue
         if status == "error":
+            crashed = _crashed_peer(procs, outputs, reporter=rank)
+            if crashed is not None:
+                # The raise is often the echo of the crash (a peer's socket
+                # reset), so the crash is named first.
+                r, code = crashed
+                raise RankError(
+                    f"rank {r} exited with code {code} without a result; after it, "
+                    f"rank {rank} of {world_size} raised:\n{payload}"
+                )
             raise RankError(f"rank {rank} of {world_size} raised:\n{payload}")
         outputs[rank] = _load(payload)
     return outputs
+
+
+def _crashed_peer(
+    procs: list[Any], outputs: dict[int, Any], reporter: int, grace: float = 2.0
+) -> tuple[int, int] | None:
+    """A rank other than ``reporter`` that exited non-zero without a result.
+
+    Waits up to ``grace`` seconds for one: the crash that caused a peer's
+    error is usually a few milliseconds from being reaped.
+    """
+    from multiprocessing.connection import wait
+
+    waiting = {p.sentinel: r for r, p in enumerate(procs) if r != reporter and r not in outputs}
+    deadline = time.monotonic() + grace
+    while waiting:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return None
+        for sentinel in wait(list(waiting), timeout=remaining):
+            r = waiting.pop(sentinel)
+            code = procs[r].exitcode
+            if code is None:
+                procs[r].join(timeout=1)
+                code = procs[r].exitcode
+            if code:
+                return r, code
+    return None
 
 
 def _load(payload: bytes) -> Any:

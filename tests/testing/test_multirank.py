@@ -57,6 +57,20 @@ def test_crashing_rank_is_reported():
         run_ranks(_exit_hard, 2, timeout=30)
 
 
+def _exit_hard_then_peer_raises() -> None:
+    if dist.get_rank() == 0:
+        os._exit(3)
+    time.sleep(0.5)  # the crash is reaped before this rank reports
+    raise ConnectionResetError("lost my peer")
+
+
+def test_crash_is_named_before_the_error_it_caused():
+    # A peer's error that follows a crash (e.g. its store connection reset)
+    # must not hide the crash.
+    with pytest.raises(RankError, match=r"rank 0 exited with code 3[\s\S]*lost my peer"):
+        run_ranks(_exit_hard_then_peer_raises, 2, timeout=30)
+
+
 def test_rejects_bad_world_size():
     with pytest.raises(ValueError):
         run_ranks(_allreduce_rank, 0)
