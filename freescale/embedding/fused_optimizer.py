@@ -1,8 +1,9 @@
 """The in-backward sparse update, seen as a ``torch.optim.Optimizer``.
 
 `FusedOptimizer(collection)` gives the update a handle in the usual shape:
-one param group per store (tables sharing dtype, dim and optimizer), with
-``lr`` live (an LR scheduler's changes apply from the next backward), and
+one param group per store (tables sharing dtype, dim and optimizer), its
+values live (``lr``, ``weight_decay``, ``eps``, ``betas``: an LR scheduler's
+or a user's changes apply from the next backward), and
 ``state_dict()`` / ``load_state_dict()`` carrying the hyperparameters and the
 per-table optimizer state (in logical row order, see `state_dict.py`).
 ``step()`` and ``zero_grad()`` do nothing: the update already ran in backward.
@@ -109,14 +110,28 @@ def from_fused_params(fused_params: Mapping[str, Any]) -> OptimizerConfig:
     return cls(**kwargs)
 
 
-class _GroupLr:
-    """``lr_schedule`` that reads the live learning rate of a param group."""
+class _LiveGroup:
+    """A param group as a store's ``lr_schedule``: the update reads the live
+    ``lr`` through it and, through `configure`, the group's other values."""
 
     def __init__(self, group: dict) -> None:
         self.group = group
 
     def __call__(self, step: int) -> float:
         return float(self.group["lr"])
+
+    def configure(self, opt: OptimizerConfig) -> OptimizerConfig:
+        """``opt`` with the group's weight decay, eps and betas (``opt`` itself
+        when they are unchanged; a bad value raises the config's ValueError)."""
+        g, changes = self.group, {}
+        for key in ("weight_decay", "eps"):
+            if key in g:
+                changes[key] = float(g[key])
+        if "betas" in g:
+            changes["beta1"], changes["beta2"] = (float(b) for b in g["betas"])
+        if all(getattr(opt, k) == v for k, v in changes.items()):
+            return opt
+        return dataclasses.replace(opt, **changes)
 
 
 def _hyper(opt: OptimizerConfig) -> dict[str, Any]:
@@ -136,19 +151,19 @@ class FusedOptimizer(Optimizer):
         groups = []
         for store in collection.stores:
             opt = store.optimizer
-            if opt.lr_schedule is not None and not isinstance(opt.lr_schedule, _GroupLr):
+            if opt.lr_schedule is not None and not isinstance(opt.lr_schedule, _LiveGroup):
                 raise ValueError(
                     f"tables {[t.name for t in store.tables]} have an lr_schedule; "
                     "drive the lr either with it or with a scheduler on FusedOptimizer"
                 )
             hyper = _hyper(opt)
-            if isinstance(opt.lr_schedule, _GroupLr):  # an earlier FusedOptimizer's
-                hyper["lr"] = opt.lr_schedule.group["lr"]
+            if isinstance(opt.lr_schedule, _LiveGroup):  # an earlier FusedOptimizer's
+                hyper.update({k: v for k, v in opt.lr_schedule.group.items() if k in hyper})
             tables = [t.name for t in store.tables]
             groups.append({"params": [store.weight], "tables": tables, **hyper})
         super().__init__(groups, defaults={})
         for store, group in zip(collection.stores, self.param_groups, strict=True):
-            live = _GroupLr(group)
+            live = _LiveGroup(group)
             store.optimizer = dataclasses.replace(store.optimizer, lr_schedule=live)
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]

@@ -158,6 +158,7 @@ class ShardStore(nn.Module):
         disjoint parts, at different times, with the same result. Nothing
         changes when the device flag ``skip`` is true.
         """
+        self._follow_live_hyperparameters()
         per_table = self._per_table_scalars(steps)
         if choose_impl(None, self.weight.device) == "triton":
             self._apply_fused(slots, grads, per_table, skip)
@@ -168,6 +169,13 @@ class ShardStore(nn.Module):
             rows, summed = rows[keep], summed[keep]
         lr, bc = self._step_scalars(rows, per_table)
         apply_rows(self.optimizer, self.weight, self.optimizer_state(), rows, summed, lr, bc, skip)
+
+    def _follow_live_hyperparameters(self) -> None:
+        # `FusedOptimizer` shows the config as an editable param group; the
+        # group, installed as the lr hook, carries its other values here too.
+        configure = getattr(self.optimizer.lr_schedule, "configure", None)
+        if configure is not None:
+            self.optimizer = configure(self.optimizer)
 
     def _apply_fused(
         self,

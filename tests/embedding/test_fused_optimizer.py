@@ -126,6 +126,48 @@ def test_lr_scheduler_drives_the_fused_update():
             torch.testing.assert_close(g, r, rtol=0, atol=0)
 
 
+def _hyper_rank(comm):
+    # Every hyperparameter a param group shows is live, not only lr: the
+    # reference twin has the changed values in its config from the start.
+    ref = _collection(comm, Adam(lr=0.1, beta1=0.5, beta2=0.75, eps=1e-3, weight_decay=0.25))
+    _train(ref)
+    coll = _collection(comm, Adam(lr=0.1))
+    opt = FusedOptimizer(coll)
+    for g in opt.param_groups:
+        g.update(betas=(0.5, 0.75), eps=1e-3, weight_decay=0.25)
+    _train(coll)
+    # A loaded state dict's hyperparameters apply as well.
+    resumed = _collection(comm, Adam(lr=0.1))
+    resumed.load_state_dict(coll.state_dict())
+    FusedOptimizer(resumed).load_state_dict(opt.state_dict())
+    before = [(ref.full_table(t), coll.full_table(t)) for t in "ab"]
+    _train(coll, steps=1)
+    _train(resumed, steps=1)
+    after = [(coll.full_table(t), resumed.full_table(t)) for t in "ab"]
+    again = FusedOptimizer(coll).param_groups[0]  # a second handle shows the live values
+    assert (again["betas"], again["eps"], again["weight_decay"]) == ((0.5, 0.75), 1e-3, 0.25)
+    return before + after
+
+
+def test_every_param_group_hyperparameter_is_live():
+    for tables in run_threads(_hyper_rank, 2):
+        for ref, got in tables:
+            torch.testing.assert_close(got, ref, rtol=0, atol=0)
+
+
+def _bad_hyper_rank(comm):
+    coll = _collection(comm, RowwiseAdagrad(lr=0.1))
+    opt = FusedOptimizer(coll)
+    opt.param_groups[0]["weight_decay"] = -1.0
+    with pytest.raises(ValueError, match="weight_decay must be finite and >= 0"):
+        _train(coll, steps=1)
+    return True
+
+
+def test_a_bad_param_group_value_fails_at_the_next_update():
+    assert run_threads(_bad_hyper_rank, 2) == [True, True]
+
+
 def _state_rank(comm):
     coll = _collection(comm, RowwiseAdagrad(lr=0.3))
     opt = FusedOptimizer(coll)
