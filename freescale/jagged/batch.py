@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -177,6 +177,30 @@ class SampleBatch:
         yield self.sample_id
         if self.dense is not None:
             yield self.dense
+
+    @staticmethod
+    def from_tensors(
+        tensors: Iterator[Tensor],
+        uih: Sequence[str],
+        candidates: Sequence[str],
+        content: Sequence[str],
+        has_dense: bool,
+    ) -> SampleBatch:
+        """The batch whose `tensors` are ``tensors`` (in that order), given its
+        feature names."""
+
+        def jagged(names: Sequence[str]) -> JaggedFeatures:
+            offsets = next(tensors)
+            return JaggedFeatures(offsets, {n: next(tensors) for n in names})
+
+        return SampleBatch(
+            uih=jagged(uih),
+            candidates=jagged(candidates),
+            labels=next(tensors),
+            content=jagged(content),
+            sample_id=next(tensors),
+            dense=next(tensors) if has_dense else None,
+        )
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> SampleBatch:
         return self._map(lambda t: t.to(device, non_blocking=non_blocking))

@@ -16,7 +16,6 @@ import torch
 from torch import Tensor
 
 from freescale.jagged.batch import SampleBatch
-from freescale.jagged.tensor import JaggedFeatures
 
 ALIGN = 16  # bytes; every view starts at a multiple of its dtype's size
 
@@ -57,18 +56,8 @@ class PackedBatch:
             self.data[s.start : s.start + _nbytes(s)].view(s.dtype).view(s.shape)
             for s in self.specs
         )
-
-        def jagged(names: tuple[str, ...]) -> JaggedFeatures:
-            offsets = next(views)
-            return JaggedFeatures(offsets, {n: next(views) for n in names})
-
-        return SampleBatch(
-            uih=jagged(self.uih),
-            candidates=jagged(self.candidates),
-            labels=next(views),
-            content=jagged(self.content),
-            sample_id=next(views),
-            dense=next(views) if self.has_dense else None,
+        return SampleBatch.from_tensors(
+            views, self.uih, self.candidates, self.content, self.has_dense
         )
 
 
