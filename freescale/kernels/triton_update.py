@@ -7,20 +7,22 @@ host waits for the GPU in the middle of backward. Here every size is the
 number of received ids ``N``, known on the host; the unique count stays on the
 device and programs beyond it do nothing:
 
-1. torch: stable sort of the slots; ``flag[p]`` marks the first of each run of
-   equal slots, ``seg = cumsum(flag) - 1`` numbers the runs; ``rows[seg]`` is
-   the run's slot and ``start[seg]`` its first position (``-1`` / ``N`` past
-   the last run). Each run is cut into *pieces* of ``CHUNK`` positions counted
-   from the run's own start: ``piece[p]`` marks positions ``start, start +
-   CHUNK, ...`` of every run;
+1. torch: stable sort of the slots (``sorted``, ``order``); a *run* is a
+   stretch of equal slots. Each run is cut into *pieces* of ``CHUNK``
+   positions counted from the run's own start. Run bounds are found in the
+   kernels (a position starts a run when its slot differs from the one
+   before; a run's other end by binary search in ``sorted``), so nothing
+   but the sort and two launches is issued from the host (the host cost of
+   ~15 small torch ops per update was most of the update at small batches);
 2. ``piece_sums``: program ``c`` owns the pieces that *start* in positions
    ``[c * CHUNK, (c + 1) * CHUNK)``; it adds each one's gradient rows in
    position order and writes the sum at the piece's first position. A piece
    is at most ``CHUNK`` long, so a program scans at most ``2 * CHUNK``
    positions;
-3. ``apply``: one program per run adds its piece sums (the first, then tiles
-   of ``FAN`` pieces, so a hot row of a million duplicates costs ``1e6 / CHUNK``
-   adds) and applies the optimizer to that row in fp32.
+3. ``apply``: one program per position; the one at a run's start adds the
+   run's piece sums (the first, then tiles of ``FAN`` pieces, so a hot row
+   of a million duplicates costs ``1e6 / CHUNK`` adds) and applies the
+   optimizer to that row in fp32; the others do nothing.
 
 Every sum runs in a fixed order that depends only on the run's own
 contributions (their number and order), not on where the run starts among
@@ -47,19 +49,51 @@ DECAY_MODES = {"l2": 1, "decoupled": 2}
 
 
 # ---- kernels --------------------------------------------------------------
+@triton.jit
+def _run_start(sorted_slots, p, v):
+    """First position of the run holding ``v`` at position ``p`` (binary search)."""
+    lo = p * 0
+    hi = p
+    while lo < hi:
+        mid = lo + (hi - lo) // 2
+        below = tl.load(sorted_slots + mid) < v
+        lo = tl.where(below, mid + 1, lo)
+        hi = tl.where(below, hi, mid)
+    return lo
+
+
+@triton.jit
+def _run_end(sorted_slots, p, v, n):
+    """One past the last position of the run holding ``v`` at position ``p``."""
+    lo = p + 1
+    hi = n + p * 0
+    while lo < hi:
+        mid = lo + (hi - lo) // 2
+        above = tl.load(sorted_slots + mid) > v
+        lo = tl.where(above, lo, mid + 1)
+        hi = tl.where(above, mid, hi)
+    return lo
+
+
 @triton.jit(do_not_specialize=["n"])
 def _piece_sums_kernel(
-    order, piece, grads, partial, n, D, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr
+    order, sorted_slots, grads, partial, n, D, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr
 ):
     p0 = tl.program_id(0).to(tl.int64) * CHUNK
     cols = tl.arange(0, BLOCK_D)
     cm = cols < D
     acc = tl.full([BLOCK_D], 0.0, tl.float32)
     start = p0 - 1  # first position of the piece being summed; < p0: none yet
+    prev = tl.load(sorted_slots + p0)
+    run = _run_start(sorted_slots, p0, prev)  # start of the run at the current position
     for k in range(2 * CHUNK):
         p = p0 + k
         valid = p < n
-        if valid & (tl.load(piece + p, mask=valid, other=0) != 0):
+        slot = tl.load(sorted_slots + p, mask=valid, other=-1)
+        run = tl.where(slot != prev, p, run)
+        prev = slot
+        # Pieces start every CHUNK positions from their run's start.
+        if valid & ((p - run) % CHUNK == 0):
             if start >= p0:
                 tl.store(partial + start * D + cols, acc, mask=cm)
             acc = tl.full([BLOCK_D], 0.0, tl.float32)
@@ -72,17 +106,22 @@ def _piece_sums_kernel(
         tl.store(partial + start * D + cols, acc, mask=cm)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n", "frozen_count", "bounds_count"])
 def _apply_kernel(
-    rows,
-    start,
+    sorted_slots,
+    n,
+    frozen,
+    frozen_count,
+    skip,
     partial,
     weight,
     state1,
     state2,
-    lr_rows,
-    b1_rows,
-    b2_rows,
+    lr_tables,
+    b1_tables,
+    b2_tables,
+    table_bounds,
+    bounds_count,
     lr,
     bc1,
     bc2,
@@ -95,17 +134,22 @@ def _apply_kernel(
     KIND: tl.constexpr,
     DECAY: tl.constexpr,
     PER_ROW: tl.constexpr,
+    SKIP: tl.constexpr,
     CHUNK: tl.constexpr,
     BLOCK_D: tl.constexpr,
     FAN: tl.constexpr,
 ):
-    u = tl.program_id(0).to(tl.int64)
-    r = tl.load(rows + u)
-    if r >= 0:
+    p0 = tl.program_id(0).to(tl.int64)
+    r = tl.load(sorted_slots + p0)
+    act = tl.load(sorted_slots + p0 - 1, mask=p0 > 0, other=-1) != r  # a run starts here
+    for i in range(0, frozen_count):  # a few padding slots: a scan beats a search
+        act = act & (tl.load(frozen + i) != r)
+    if SKIP:  # the step's non-finite flag, read on the device
+        act = act & (tl.load(skip) == 0)
+    if act:
         cols = tl.arange(0, BLOCK_D)
         cm = cols < D
-        p0 = tl.load(start + u)
-        p1 = tl.load(start + u + 1)
+        p1 = _run_end(sorted_slots, p0, r, n)
         g = tl.load(partial + p0 * D + cols, mask=cm, other=0.0)
         # The other pieces start every CHUNK positions from the run's start; a
         # hot row has many: load FAN of them at once (a chain of single loads
@@ -121,10 +165,13 @@ def _apply_kernel(
             )
             g += tl.reduce(tile, 0, _add)
             p += FAN * CHUNK
-        if PER_ROW:
-            lr = tl.load(lr_rows + u)
-            bc1 = tl.load(b1_rows + u)
-            bc2 = tl.load(b2_rows + u)
+        if PER_ROW:  # the slot's table: how many tables start at or before it
+            t = r * 0
+            for i in range(0, bounds_count):
+                t += (tl.load(table_bounds + i) <= r).to(tl.int64)
+            lr = tl.load(lr_tables + t)
+            bc1 = tl.load(b1_tables + t)
+            bc2 = tl.load(b2_tables + t)
         wp = weight + r * D + cols
         w = tl.load(wp, mask=cm, other=0.0).to(tl.float32)
         if DECAY == 1:  # L2: the decay term joins the gradient
@@ -189,49 +236,38 @@ def sparse_update(
         return
     check_launchable(_apply_kernel, weight.device)
     sorted_slots, order = torch.sort(slots, stable=True)
-    flag = torch.ones(n, dtype=torch.int8, device=slots.device)
-    flag[1:] = sorted_slots[1:] != sorted_slots[:-1]
-    seg = torch.cumsum(flag, 0) - 1
-    rows = torch.full((n,), -1, dtype=torch.int64, device=slots.device)
-    rows.scatter_(0, seg, sorted_slots)  # every position of a run writes the same slot
-    # start[u]: first position of run u; runs past the last one start at n. Later
-    # positions of a run write to the spare slot n + 1.
-    start = torch.full((n + 2,), n, dtype=torch.int64, device=slots.device)
-    positions = torch.arange(n, device=slots.device)
-    start.scatter_(0, torch.where(flag.bool(), seg, n + 1), positions)
-    if frozen is not None and frozen.numel():
-        rows = torch.where(torch.isin(rows, frozen), -1, rows)
-    if skip is not None:  # a run of slot -1 is left alone by `_apply_kernel`
-        rows = torch.where(skip, -1, rows)
-    # Pieces are counted from each run's start (not from position 0), so a
-    # row's sum does not depend on which other rows share the update.
-    piece = ((positions - start[seg]) % CHUNK == 0).to(torch.int8)
     partial = torch.empty((n, D), dtype=torch.float32, device=slots.device)
     BLOCK_D = next_pow2(D)
     _piece_sums_kernel[(cdiv(n, CHUNK),)](
-        order, piece, grads.contiguous(), partial, n, D, CHUNK=CHUNK, BLOCK_D=BLOCK_D
+        order, sorted_slots, grads.contiguous(), partial, n, D, CHUNK=CHUNK, BLOCK_D=BLOCK_D
     )
     per_row = isinstance(lr, Tensor)
     if per_row:
         assert table_bounds is not None, "per-table lr needs table_bounds"
-        t = torch.bucketize(rows.clamp(min=0), table_bounds, right=True)
-        lr_rows, b1_rows, b2_rows = (x.to(torch.float32)[t] for x in (lr, *bc))
+        lr_t, b1_t, b2_t = (x.to(torch.float32) for x in (lr, *bc))
         lr_s = b1_s = b2_s = 1.0
     else:
-        lr_rows = b1_rows = b2_rows = rows  # unused
+        lr_t = b1_t = b2_t = partial  # unused
+        table_bounds = sorted_slots  # unused
         lr_s, b1_s, b2_s = float(lr), float(bc[0]), float(bc[1])
+    frozen_count = 0 if frozen is None else frozen.numel()
     s1 = state[0] if state else weight
     s2 = state[1] if len(state) > 1 else weight
     _apply_kernel[(n,)](
-        rows,
-        start,
+        sorted_slots,
+        n,
+        frozen if frozen_count else sorted_slots,
+        frozen_count,
+        sorted_slots if skip is None else skip.view(torch.uint8),  # bytes: no i1 pointer
         partial,
         weight,
         s1,
         s2,
-        lr_rows,
-        b1_rows,
-        b2_rows,
+        lr_t,
+        b1_t,
+        b2_t,
+        table_bounds,
+        table_bounds.numel() if per_row else 0,
         lr_s,
         b1_s,
         b2_s,
@@ -244,6 +280,7 @@ def sparse_update(
         KIND=KINDS[kind],
         DECAY=DECAY_MODES[decay_mode] if weight_decay else 0,
         PER_ROW=per_row,
+        SKIP=skip is not None,
         CHUNK=CHUNK,
         BLOCK_D=BLOCK_D,
         FAN=fan(BLOCK_D),

@@ -96,26 +96,30 @@ def variants(quick: bool = False) -> Iterator[Variant]:
         consts = {"HASHED": hashed, "BLOCK": bucketize.BLOCK}
         yield f"bucketize {dtype} hashed={hashed}", bucketize._bucketize_kernel, ptrs, consts
     for gtype in ("*fp32", "*bf16"):
-        ptrs = {"order": i64, "piece": "*i8", "grads": gtype, "partial": "*fp32"}
+        ptrs = {"order": i64, "sorted_slots": i64, "grads": gtype, "partial": "*fp32"}
         consts = {"CHUNK": update.CHUNK, "BLOCK_D": 256}
         yield f"update.piece_sums {gtype}", update._piece_sums_kernel, ptrs, consts
-    for (kind, code), wtype, per_row, decay in itertools.product(
-        update.KINDS.items(), ("*fp32", "*bf16"), (False, True), (0, *update.DECAY_MODES.values())
-    ):
-        ptrs = {"rows": i64, "start": i64, "partial": "*fp32", "weight": wtype,
-                "state1": "*fp32", "state2": "*fp32", "lr_rows": "*fp32", "b1_rows": "*fp32",
-                "b2_rows": "*fp32", "lr": "fp32", "bc1": "fp32", "bc2": "fp32", "eps": "fp32",
-                "beta1": "fp32", "beta2": "fp32", "weight_decay": "fp32",
-                "D_f": "fp32"}  # fmt: skip
+    for (kind, code), wtype, per_row, decay, skip in itertools.product(
+        update.KINDS.items(), ("*fp32", "*bf16"), (False, True),
+        (0, *update.DECAY_MODES.values()), (False, True),
+    ):  # fmt: skip
+        if quick and skip and (per_row or decay):
+            continue
+        ptrs = {"sorted_slots": i64, "frozen": i64, "skip": "*u8", "partial": "*fp32",
+                "weight": wtype, "state1": "*fp32", "state2": "*fp32", "lr_tables": "*fp32",
+                "b1_tables": "*fp32", "b2_tables": "*fp32", "table_bounds": i64, "lr": "fp32",
+                "bc1": "fp32", "bc2": "fp32", "eps": "fp32", "beta1": "fp32", "beta2": "fp32",
+                "weight_decay": "fp32", "D_f": "fp32"}  # fmt: skip
         consts = {
             "KIND": code,
             "DECAY": decay,
             "PER_ROW": per_row,
+            "SKIP": skip,
             "CHUNK": update.CHUNK,
             "BLOCK_D": 256,
             "FAN": 16,
         }
-        name = f"update.apply {kind} {wtype} per_row={per_row} decay={decay}"
+        name = f"update.apply {kind} {wtype} per_row={per_row} decay={decay} skip={skip}"
         yield name, update._apply_kernel, ptrs, consts
     for dtype in ("*i32", i64):
         ptrs = {"now": dtype, "nxt": dtype, "now_to_next": i64, "next_to_now": i64}
