@@ -45,13 +45,21 @@ class NonFiniteGuard:
 
     def agree(self, grads: Sequence[Tensor], device: torch.device) -> Tensor:
         """The global flag (0-dim bool on ``device``) of one backward; a collective."""
-        local = torch.zeros((), dtype=torch.bool, device=device)
+        finite = None
+        for g in grads:
+            ok = torch.isfinite(g).all()
+            finite = ok if finite is None else finite & ok
+        if finite is None:
+            local = torch.zeros((), dtype=torch.bool, device=device)
+        else:
+            local = ~finite
         if self._evidence is not None:
             local = local | self._evidence.to(device)
-        for g in grads:
-            local = local | ~torch.isfinite(g).all()
-        flags = self.comm.all_gather(local.to(torch.float32).reshape(1)).wait()
-        flag = flags.amax() > 0
+        if self.comm.world_size == 1:  # the gather of one rank's flag is that flag
+            flag = local
+        else:
+            flags = self.comm.all_gather(local.to(torch.float32).reshape(1)).wait()
+            flag = flags.amax() > 0
         self._flags.append(flag)
         self._seen_here.append(local)
         return flag
