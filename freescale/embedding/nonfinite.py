@@ -49,10 +49,7 @@ class NonFiniteGuard:
         for g in grads:
             ok = torch.isfinite(g).all()
             finite = ok if finite is None else finite & ok
-        if finite is None:
-            local = torch.zeros((), dtype=torch.bool, device=device)
-        else:
-            local = ~finite
+        local = torch.zeros((), dtype=torch.bool, device=device) if finite is None else ~finite
         if self._evidence is not None:
             local = local | self._evidence.to(device)
         if self.comm.world_size == 1:  # the gather of one rank's flag is that flag
