@@ -11,7 +11,7 @@ device and programs beyond it do nothing:
    stretch of equal slots. Each run is cut into *pieces* of ``CHUNK``
    positions counted from the run's own start. Run bounds are found in the
    kernels (a position starts a run when its slot differs from the one
-   before; a run's other end by binary search in ``sorted``), so nothing
+   before; its ends by galloping search in ``sorted``), so nothing
    but the sort and two launches is issued from the host (the host cost of
    ~15 small torch ops per update was most of the update at small batches);
 2. ``piece_sums``: program ``c`` owns the pieces that *start* in positions
@@ -50,10 +50,8 @@ DECAY_MODES = {"l2": 1, "decoupled": 2}
 
 # ---- kernels --------------------------------------------------------------
 @triton.jit
-def _run_start(sorted_slots, p, v):
-    """First position of the run holding ``v`` at position ``p`` (binary search)."""
-    lo = p * 0
-    hi = p
+def _search_first_not_below(sorted_slots, lo, hi, v):
+    """First position in ``[lo, hi)`` whose slot is not below ``v`` (``hi`` if none)."""
     while lo < hi:
         mid = lo + (hi - lo) // 2
         below = tl.load(sorted_slots + mid) < v
@@ -63,16 +61,47 @@ def _run_start(sorted_slots, p, v):
 
 
 @triton.jit
-def _run_end(sorted_slots, p, v, n):
-    """One past the last position of the run holding ``v`` at position ``p``."""
-    lo = p + 1
-    hi = n + p * 0
+def _search_first_above(sorted_slots, lo, hi, v):
+    """First position in ``[lo, hi)`` whose slot is above ``v`` (``hi`` if none)."""
     while lo < hi:
         mid = lo + (hi - lo) // 2
         above = tl.load(sorted_slots + mid) > v
         lo = tl.where(above, lo, mid + 1)
         hi = tl.where(above, mid, hi)
     return lo
+
+
+# Most runs are a few positions long, so both ends are found by galloping
+# (probes 1, 2, 4, ... positions away, then a binary search between the last
+# two): about 2 log2(run length) loads, one for a run of one.
+@triton.jit
+def _run_start(sorted_slots, p, v):
+    """First position of the run holding ``v`` at position ``p``."""
+    hi = p  # positions >= hi (up to p) are in the run
+    q = p - 1
+    step = p * 0 + 1
+    inside = tl.load(sorted_slots + q, mask=q >= 0, other=-1) == v
+    while inside:
+        hi = q
+        step = step * 2
+        q = hi - step
+        inside = tl.load(sorted_slots + q, mask=q >= 0, other=-1) == v
+    return _search_first_not_below(sorted_slots, tl.maximum(q + 1, 0), hi, v)
+
+
+@triton.jit
+def _run_end(sorted_slots, p, v, n):
+    """One past the last position of the run holding ``v`` at position ``p``."""
+    lo = p + 1  # positions < lo (from p) are in the run
+    q = lo
+    step = p * 0 + 1
+    inside = tl.load(sorted_slots + q, mask=q < n, other=-1) == v
+    while inside:
+        lo = q + 1
+        step = step * 2
+        q = lo + step - 1
+        inside = tl.load(sorted_slots + q, mask=q < n, other=-1) == v
+    return _search_first_above(sorted_slots, lo, tl.minimum(q, n), v)
 
 
 @triton.jit(do_not_specialize=["n"])
