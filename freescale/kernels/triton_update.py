@@ -4,16 +4,16 @@ Reference: `freescale.embedding._ops.sum_duplicates` then
 `freescale.embedding.optim.apply_rows`. That path asks the host for the
 number of unique rows (and for the longest run, to chunk hot rows), so the
 host waits for the GPU in the middle of backward. Here every size is the
-number of received ids ``N``, known on the host; the unique count stays on the
-device and programs beyond it do nothing:
+number of received ids ``N``, known on the host; the unique rows are never
+counted (one program per position, active where a run starts):
 
 1. torch: stable sort of the slots (``sorted``, ``order``); a *run* is a
    stretch of equal slots. Each run is cut into *pieces* of ``CHUNK``
    positions counted from the run's own start. Run bounds are found in the
    kernels (a position starts a run when its slot differs from the one
    before; its ends by galloping search in ``sorted``), so nothing
-   but the sort and two launches is issued from the host (the host cost of
-   ~15 small torch ops per update was most of the update at small batches);
+   but the sort and two launches is issued from the host (~20 small torch
+   ops per update did this before: most of the update's host time);
 2. ``piece_sums``: program ``c`` owns the pieces that *start* in positions
    ``[c * CHUNK, (c + 1) * CHUNK)``; it adds each one's gradient rows in
    position order and writes the sum at the piece's first position. A piece
