@@ -171,10 +171,11 @@ def _apply_kernel(
     p0 = tl.program_id(0).to(tl.int64)
     r = tl.load(sorted_slots + p0)
     act = tl.load(sorted_slots + p0 - 1, mask=p0 > 0, other=-1) != r  # a run starts here
-    for i in range(0, frozen_count):  # a few padding slots: a scan beats a search
-        act = act & (tl.load(frozen + i) != r)
     if SKIP:  # the step's non-finite flag, read on the device
         act = act & (tl.load(skip) == 0)
+    # Frozen (padding) slots are few: a scan, and only where a run starts.
+    for i in range(0, tl.where(act, frozen_count, 0)):
+        act = act & (tl.load(frozen + i) != r)
     if act:
         cols = tl.arange(0, BLOCK_D)
         cm = cols < D
