@@ -50,24 +50,15 @@ DECAY_MODES = {"l2": 1, "decoupled": 2}
 
 # ---- kernels --------------------------------------------------------------
 @triton.jit
-def _search_first_not_below(sorted_slots, lo, hi, v):
-    """First position in ``[lo, hi)`` whose slot is not below ``v`` (``hi`` if none)."""
+def _bound(sorted_slots, lo, hi, v, ABOVE: tl.constexpr):
+    """First position in ``[lo, hi)`` whose slot is not below ``v`` (``ABOVE``:
+    above ``v``); ``hi`` if none."""
     while lo < hi:
         mid = lo + (hi - lo) // 2
-        below = tl.load(sorted_slots + mid) < v
-        lo = tl.where(below, mid + 1, lo)
-        hi = tl.where(below, hi, mid)
-    return lo
-
-
-@triton.jit
-def _search_first_above(sorted_slots, lo, hi, v):
-    """First position in ``[lo, hi)`` whose slot is above ``v`` (``hi`` if none)."""
-    while lo < hi:
-        mid = lo + (hi - lo) // 2
-        above = tl.load(sorted_slots + mid) > v
-        lo = tl.where(above, lo, mid + 1)
-        hi = tl.where(above, mid, hi)
+        x = tl.load(sorted_slots + mid)
+        before = (x <= v) if ABOVE else (x < v)
+        lo = tl.where(before, mid + 1, lo)
+        hi = tl.where(before, hi, mid)
     return lo
 
 
@@ -86,7 +77,7 @@ def _run_start(sorted_slots, p, v):
         step = step * 2
         q = hi - step
         inside = tl.load(sorted_slots + q, mask=q >= 0, other=-1) == v
-    return _search_first_not_below(sorted_slots, tl.maximum(q + 1, 0), hi, v)
+    return _bound(sorted_slots, tl.maximum(q + 1, 0), hi, v, False)
 
 
 @triton.jit
@@ -101,7 +92,7 @@ def _run_end(sorted_slots, p, v, n):
         step = step * 2
         q = lo + step - 1
         inside = tl.load(sorted_slots + q, mask=q < n, other=-1) == v
-    return _search_first_above(sorted_slots, lo, tl.minimum(q, n), v)
+    return _bound(sorted_slots, lo, tl.minimum(q, n), v, True)
 
 
 @triton.jit(do_not_specialize=["n"])

@@ -134,9 +134,7 @@ def _collect(procs: list[Any], results: Any, world_size: int, timeout: float) ->
                 deadline = min(deadline, time.monotonic() + 2.0)
                 if remaining <= 2.0:
                     code = procs[dead[0]].exitcode
-                    raise RankError(
-                        f"rank {dead[0]} exited with code {code} without a result"
-                    ) from None
+                    raise RankError(_crash(dead[0], code)) from None
             continue
         if status == "error":
             crashed = _crashed_peer(procs, outputs, reporter=rank)
@@ -145,12 +143,15 @@ def _collect(procs: list[Any], results: Any, world_size: int, timeout: float) ->
                 # reset), so the crash is named first.
                 r, code = crashed
                 raise RankError(
-                    f"rank {r} exited with code {code} without a result; after it, "
-                    f"rank {rank} of {world_size} raised:\n{payload}"
+                    f"{_crash(r, code)}; after it, rank {rank} of {world_size} raised:\n{payload}"
                 )
             raise RankError(f"rank {rank} of {world_size} raised:\n{payload}")
         outputs[rank] = _load(payload)
     return outputs
+
+
+def _crash(rank: int, code: int | None) -> str:
+    return f"rank {rank} exited with code {code} without a result"
 
 
 def _crashed_peer(
