@@ -52,7 +52,7 @@ for part in "$@"; do
         | tee "$out/gpu_tests.log" | tail -8 ;;
     updatebits)  # the compiled update vs a base version (benchmarks/base_update.py, untracked)
       timeout 200 python3 benchmarks/update_bitwise.py --base-file benchmarks/base_update.py \
-        --cases 300 2>&1 | tee "$out/update-bitwise.log" | tail -2 ;;
+        --cases 300 --time 2>&1 | tee "$out/update-bitwise.log" | tail -12 ;;
     kernels)
       timeout 200 python3 benchmarks/kernels.py --out "$out/kernels_1xH200.md" 2>&1 \
         | grep -E "^target|copy bandwidth" ;;

@@ -10,6 +10,7 @@ CUDA it runs Triton's interpreter (slow: ~1 s per case).
 
     python benchmarks/update_bitwise.py --base HEAD~1 --cases 150
     python benchmarks/update_bitwise.py --base-file old_triton_update.py  # no .git
+    python benchmarks/update_bitwise.py --base-file old.py --time  # + GPU time of both
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ import argparse
 import importlib.util
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,11 +108,62 @@ def _run(module, case):
     return [w.cpu(), *(t.cpu() for t in st)]
 
 
+def _median_ms(update) -> tuple[float, float]:
+    """(host ms to issue, GPU ms) of one `update()` call, medians of 20."""
+    import torch
+
+    for _ in range(3):
+        update()
+    torch.cuda.synchronize()
+    host, gpu = [], []
+    for _ in range(20):
+        start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+        t0 = time.perf_counter()
+        start.record()
+        update()
+        end.record()
+        host.append((time.perf_counter() - t0) * 1e3)
+        torch.cuda.synchronize()
+        gpu.append(start.elapsed_time(end))
+    return statistics.median(host), statistics.median(gpu)
+
+
+def _time(modules: dict, device: str) -> list[dict]:
+    """Host time to issue one update and GPU time per update, each version at
+    training-like sizes (one table of 1e6 rows; 64k and 1M looked-up ids)."""
+    import functools
+
+    import torch
+
+    from freescale.embedding.optim import Adam, RowwiseAdagrad, make_state
+
+    rows_out = []
+    g = torch.Generator(device=device).manual_seed(0)
+    for opt in (RowwiseAdagrad(lr=0.05), Adam(lr=0.01)):
+        for n, dim in ((65_536, 128), (1_048_576, 128)):
+            weight = torch.randn(1_000_000, dim, device=device)
+            state = list(make_state(opt, 1_000_000, dim, torch.device(device)).values())
+            slots = torch.randint(0, 1_000_000, (n,), device=device, generator=g)
+            grads = torch.randn(n, dim, device=device, generator=g)
+            for name, module in modules.items():
+                update = functools.partial(
+                    module.sparse_update, weight, state, slots, grads, **opt.kernel_spec(),
+                    lr=0.01, bc=(0.9, 0.99),
+                )  # fmt: skip
+                host, gpu = _median_ms(update)
+                row = {"opt": type(opt).__name__, "ids": n, "dim": dim, "version": name,
+                       "host_ms": round(host, 4), "gpu_ms": round(gpu, 4)}  # fmt: skip
+                rows_out.append(row)
+                print(json.dumps(row))
+    return rows_out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base", default="HEAD~1", help="git revision to compare with")
     parser.add_argument("--base-file", help="the base version as a file (instead of --base)")
     parser.add_argument("--cases", type=int, default=150)
+    parser.add_argument("--time", action="store_true", help="also time both versions (CUDA)")
     args = parser.parse_args()
     import torch
 
@@ -137,6 +191,8 @@ def main() -> int:
         if (seed + 1) % 25 == 0:
             print(f"{seed + 1}/{args.cases} cases, {len(differ)} differ", file=sys.stderr)
     what = args.base_file or args.base
+    if args.time and device == "cuda":
+        _time({"base": base, "here": here}, device)
     print(f"{args.cases} cases on {device} vs {what}: {len(differ)} differ {differ[:10]}")
     print(json.dumps({"cases": args.cases, "device": device, "base": what, "differ": differ}))
     return 1 if differ else 0
