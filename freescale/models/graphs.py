@@ -197,6 +197,9 @@ class _Captured:
         torch.cuda.current_stream().wait_stream(stream)
         # An unused parameter gets no gradient (None), as in eager mode.
         self.grads = (*sinks, *grads[2:])
+        self.param_grads = [
+            (p, g) for p, g in zip(self.params, grads[2:], strict=True) if g is not None
+        ]
 
 
 _STREAMS: dict[int, torch.cuda.Stream] = {}
@@ -212,8 +215,8 @@ def _capture_stream() -> torch.cuda.Stream:
 
 class _Replay(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, cap: _Captured, uih: Tensor, cand: Tensor, cu_u: Tensor, cu_c: Tensor,
-                *params: Tensor) -> Tensor:  # type: ignore[override]  # fmt: skip
+    def forward(ctx: Any, cap: _Captured, owner: BlockGraphs | None, uih: Tensor, cand: Tensor,
+                cu_u: Tensor, cu_c: Tensor, *params: Tensor) -> Tensor:  # type: ignore[override]  # fmt: skip
         for static, x in ((cap.inputs[0], uih), (cap.inputs[1], cand)):
             static[: x.shape[0]].copy_(x)
             # Padding rows must be finite (they meet zero gradients in the weight
@@ -222,22 +225,27 @@ class _Replay(torch.autograd.Function):
         cap.inputs[2].copy_(cu_u)
         cap.inputs[3].copy_(cu_c)
         cap.fwd.replay()
-        ctx.cap, ctx.rows = cap, (uih.shape[0], cand.shape[0])
+        ctx.cap, ctx.owner, ctx.rows = cap, owner, (uih.shape[0], cand.shape[0])
         return cap.out[: cand.shape[0]].detach()  # valid until the next replay
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
-        cap = ctx.cap
+        cap, owner = ctx.cap, ctx.owner
+        if owner is not None:
+            owner.reclaim_grads()
         cap.grad_out[: grad.shape[0]].copy_(grad)
         cap.grad_out[grad.shape[0] :].zero_()
         cap.bwd.replay()
+        g = cap.grads
+        n_u, n_c = ctx.rows
+        if owner is not None:
+            owner.lend_grads(cap)
+            return (None, None, g[0][:n_u], g[1][:n_c], None, None)
         # The static gradients themselves (not detached views): autograd then
         # copies them into ``.grad`` instead of adopting the graph's memory,
         # which the next replay overwrites.
-        g = cap.grads
-        n_u, n_c = ctx.rows
-        return (None, g[0][:n_u], g[1][:n_c], None, None, *g[2:])
+        return (None, None, g[0][:n_u], g[1][:n_c], None, None, *g[2:])
 
 
 class BlockGraphs:
@@ -254,6 +262,11 @@ class BlockGraphs:
         self.max_uih = self.max_candidates = 0
         self.candidate_rows = self.segments = 0  # floors of the padded sizes (largest seen)
         self.captures = 0  # graphs captured (a new bucket, longer segments, or an evicted one)
+        # The replay sets the parameters' ``.grad`` itself (lent graph memory)
+        # instead of handing them to autograd: no AccumulateGrad per parameter.
+        # Only where no autograd hook waits on those gradients (DDP's do).
+        self.own_grads = False
+        self.lent: list[tuple[Tensor, Tensor]] = []  # (parameter, graph memory) of the last replay
 
     def run(
         self, uih: Tensor, cand: Tensor, uih_offsets: Tensor, cand_offsets: Tensor,
@@ -271,7 +284,28 @@ class BlockGraphs:
         if cap is None or cap.max_uih < max_uih or cap.max_candidates < max_candidates:
             cap = self._capture(b, uih, cand, cu_u, cu_c)
         self.graphs.move_to_end(b)
-        return _Replay.apply(cap, uih, cand, cu_u, cu_c, *cap.params)
+        self.reclaim_grads()
+        if self.own_grads and (uih.requires_grad or cand.requires_grad):
+            return _Replay.apply(cap, self, uih, cand, cu_u, cu_c)
+        return _Replay.apply(cap, None, uih, cand, cu_u, cu_c, *cap.params)
+
+    def lend_grads(self, cap: _Captured) -> None:
+        """Each parameter's ``.grad`` becomes (or, if it has one, adds) its graph
+        gradient: what AccumulateGrad would store, without its copy per parameter."""
+        for p, g in cap.param_grads:
+            if p.grad is None:
+                p.grad = g  # graph memory: any replay may rewrite it (the pool is shared)
+            else:
+                p.grad.add_(g)
+        self.lent = cap.param_grads
+
+    def reclaim_grads(self) -> None:
+        """Before any replay: a ``.grad`` still lent (an optimizer step not taken
+        yet, gradients accumulated over backwards) gets memory of its own."""
+        for p, g in self.lent:
+            if p.grad is not None and p.grad.data_ptr() == g.data_ptr():
+                p.grad = g.clone()
+        self.lent = []
 
     def _shared(self, name: str, rows: int, like: Tensor) -> Tensor:
         """The first ``rows`` rows of a buffer shared by all buckets (grown as needed;

@@ -141,6 +141,9 @@ class DenseSync:
             # gradient into its bucket (a kernel per parameter) and run its
             # forward hooks on the host, for the same numbers.
             self.ddp: nn.Module = model
+            graphs = getattr(model, "graphs", None)
+            if graphs is not None:  # no DDP hook to feed: the graphs set `.grad` themselves
+                graphs.own_grads = True
             return
         # The sharded tables live outside the module tree, so DDP sees only
         # dense parameters (and the model has no buffers to broadcast).
