@@ -26,7 +26,7 @@ twin through ``torch.unique``, which reads the unique count back).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -62,6 +62,7 @@ class Link:
     stats: Tensor  # [4] int64: collision rows, rows of step i+1, collision ids, ids of step i+1
     _copy: tuple[Tensor, Any] | None = None  # (pinned host copy of per_peer, its event)
     _host: HostCounts | None = None
+    _orders: dict[int, Tensor] = field(default_factory=dict)  # id(mark) -> marked_first(mark)
 
     def __post_init__(self) -> None:
         self._copy = copy_to_host(self.per_peer)
@@ -88,6 +89,15 @@ class Link:
             )
         return self._host
 
+    def order(self, mark: Tensor) -> Tensor:
+        """`marked_first` of one of this link's marks, sorted once however often
+        it splits (at one rank the requester's marks are the owner's: one sort
+        serves the gradients and the slots)."""
+        key = id(mark)
+        if key not in self._orders:
+            self._orders[key] = marked_first(mark)
+        return self._orders[key]
+
 
 def _minus(a: list[int], b: list[int]) -> list[int]:
     return [x - y for x, y in zip(a, b, strict=True)]
@@ -97,10 +107,12 @@ def link(comm: Communicator, now: GroupCall, nxt: GroupCall) -> Link:
     """Split on the owner, then tell every requester which of its positions collide."""
     assert now.recv_slots is not None and nxt.recv_slots is not None
     now_recv, next_recv, stats = owner_marks(now.recv_slots, nxt.recv_slots)
-    # Marks go back like embeddings: receive counts become send counts.
-    now_work = comm.all_to_all_v(now_recv.to(torch.uint8), now.recv, now.send)
-    next_work = comm.all_to_all_v(next_recv.to(torch.uint8), nxt.recv, nxt.send)
-    now_send, next_send = now_work.wait().bool(), next_work.wait().bool()
+    if comm.world_size == 1:  # the exchange would hand each mark back as it is
+        now_send, next_send = now_recv, next_recv
+    else:  # marks go back like embeddings: receive counts become send counts
+        now_work = comm.all_to_all_v(now_recv.to(torch.uint8), now.recv, now.send)
+        next_work = comm.all_to_all_v(next_recv.to(torch.uint8), nxt.recv, nxt.send)
+        now_send, next_send = now_work.wait().bool(), next_work.wait().bool()
     per_peer = sums_per_peer(
         [now_recv, next_recv, now_send, next_send], [now.recv, nxt.recv, now.send, nxt.send]
     )
@@ -195,17 +207,30 @@ def sums_per_peer(marks: list[Tensor], counts: list[list[int]]) -> Tensor:
     return at[:, 1:] - at[:, :-1]
 
 
-def split_marked(x: Tensor, mark: Tensor, marked: int) -> tuple[Tensor, Tensor]:
+def marked_first(mark: Tensor) -> Tensor:
+    """Positions of ``mark``, the marked ones first, each part in its order.
+
+    A stable sort of the marks instead of boolean indexing: the split point
+    comes from a host count, so nothing is read back from the device.
+    """
+    return torch.sort((~mark).to(torch.uint8), stable=True).indices
+
+
+def split_marked(
+    x: Tensor, mark: Tensor, marked: int, order: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
     """(rows of ``x`` where ``mark``, the other rows), each in their order in ``x``.
 
-    A stable sort of the marks instead of boolean indexing: the sizes come from
-    the host count ``marked``, so nothing is read back from the device.
+    ``marked``: the host count of marks; ``order``: `marked_first` of ``mark``
+    when the caller has it already.
     """
-    order = torch.sort((~mark).to(torch.uint8), stable=True).indices
+    order = marked_first(mark) if order is None else order
     return x.index_select(0, order[:marked]), x.index_select(0, order[marked:])
 
 
-def fill_marked(mark: Tensor, on_marked: Tensor, full: Tensor) -> Tensor:
+def fill_marked(
+    mark: Tensor, on_marked: Tensor, full: Tensor, order: Tensor | None = None
+) -> Tensor:
     """``full`` with its marked rows replaced, in order, by ``on_marked``."""
-    order = torch.sort((~mark).to(torch.uint8), stable=True).indices
+    order = marked_first(mark) if order is None else order
     return full.index_copy(0, order[: on_marked.shape[0]], on_marked)

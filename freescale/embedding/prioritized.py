@@ -209,7 +209,8 @@ class PrioritizedSchedule:
                     raise RuntimeError("forward before the previous step's backward")
                 with self.timer("emb_a2a_collision"):  # the part that had to wait for an update
                     collided = state.collided.pop(g).wait()
-                rows = fill_marked(state.prev[g].next_send, collided, rows)
+                lk = state.prev[g]
+                rows = fill_marked(lk.next_send, collided, rows, lk.order(lk.next_send))
             outputs.append(ranged_combine(rows, call.plan))
         return tuple(outputs)
 
@@ -237,8 +238,12 @@ class PrioritizedSchedule:
                 continue
             assert nxt is not None
             counts = lk.counts()
-            g_co, g_ex = split_marked(grad_send, lk.now_send, sum(counts.grads_co[0]))
-            slots_co, slots_ex = split_marked(call.recv_slots, lk.now_recv, sum(counts.grads_co[1]))
+            g_co, g_ex = split_marked(
+                grad_send, lk.now_send, sum(counts.grads_co[0]), lk.order(lk.now_send)
+            )
+            slots_co, slots_ex = split_marked(
+                call.recv_slots, lk.now_recv, sum(counts.grads_co[1]), lk.order(lk.now_recv)
+            )
             self._update(call, slots_co, g_co, counts.grads_co, steps, skip, "grad_a2a_collision")
             nxt.collided[g] = self._send_collided(lk)
             deferred.append((call.store, slots_ex, g_ex, lk, steps))
@@ -266,7 +271,7 @@ class PrioritizedSchedule:
         """The updated C rows, to the requesters of the next step (their positions in order)."""
         assert lk.next.recv_slots is not None
         send, recv = lk.counts().rows_co
-        slots = split_marked(lk.next.recv_slots, lk.next_recv, sum(send))[0]
+        slots = split_marked(lk.next.recv_slots, lk.next_recv, sum(send), lk.order(lk.next_recv))[0]
         with self.timer("lookup"):
             rows = lk.next.store.lookup(slots)
         return self.comm.all_to_all_v(rows, send, recv)

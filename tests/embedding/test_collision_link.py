@@ -6,8 +6,10 @@ from hypothesis import strategies as st
 
 from freescale.embedding.collision_link import (
     fill_marked,
+    marked_first,
     owner_marks,
     owner_marks_reference,
+    split_marked,
     sum_per_peer,
     sums_per_peer,
 )
@@ -67,3 +69,18 @@ def test_sums_per_peer_of_several_marks_equal_one_at_a_time(layouts, data):
             want.append(int(mark[start : start + c].sum()))
             start += c
         assert row == want
+
+
+@settings(max_examples=100, deadline=None)
+@given(mark=st.lists(st.booleans(), max_size=30))
+def test_split_marked_keeps_order_and_a_given_order_is_the_same(mark):
+    mark_t = torch.tensor(mark, dtype=torch.bool)
+    x = torch.arange(len(mark), dtype=torch.float32).unsqueeze(1) * 3
+    marked = int(mark_t.sum())
+    co, ex = split_marked(x, mark_t, marked)
+    assert torch.equal(co, x[mark_t]) and torch.equal(ex, x[~mark_t])
+    order = marked_first(mark_t)
+    co2, ex2 = split_marked(x, mark_t, marked, order)
+    assert torch.equal(co, co2) and torch.equal(ex, ex2)
+    on = -x[mark_t]
+    assert torch.equal(fill_marked(mark_t, on, x), fill_marked(mark_t, on, x, order))
