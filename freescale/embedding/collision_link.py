@@ -36,6 +36,7 @@ from freescale.comm import Communicator
 from freescale.embedding.lookup import GroupCall
 from freescale.jagged.ops import copy_to_host, host_to_device, wait_for_copy
 from freescale.kernels import collision_split
+from freescale.kernels.backend import choose_impl, triton_module
 from freescale.kernels.collision import positions_in
 
 
@@ -106,7 +107,9 @@ def _minus(a: list[int], b: list[int]) -> list[int]:
 def link(comm: Communicator, now: GroupCall, nxt: GroupCall) -> Link:
     """Split on the owner, then tell every requester which of its positions collide."""
     assert now.recv_slots is not None and nxt.recv_slots is not None
-    now_recv, next_recv, stats = owner_marks(now.recv_slots, nxt.recv_slots)
+    now_recv, next_recv, stats = owner_marks(
+        now.recv_slots, nxt.recv_slots, _sorted_recv(now), _sorted_recv(nxt)
+    )
     if comm.world_size == 1:  # the exchange would hand each mark back as it is
         now_send, next_send = now_recv, next_recv
     else:  # marks go back like embeddings: receive counts become send counts
@@ -119,16 +122,41 @@ def link(comm: Communicator, now: GroupCall, nxt: GroupCall) -> Link:
     return Link(now, nxt, now_recv, next_recv, now_send, next_send, per_peer, stats)
 
 
-def owner_marks(slots_now: Tensor, slots_next: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def _sorted_recv(call: GroupCall) -> Tensor:
+    """``call.recv_slots`` sorted, once: a step is the next of one link and the
+    now of the following one."""
+    cached = call.sorted_recv
+    if cached is None or cached[0] is not call.recv_slots:
+        assert call.recv_slots is not None
+        call.sorted_recv = cached = (call.recv_slots, torch.sort(call.recv_slots).values)
+    return cached[1]
+
+
+def owner_marks(
+    slots_now: Tensor,
+    slots_next: Tensor,
+    sorted_now: Tensor | None = None,
+    sorted_next: Tensor | None = None,
+    impl: str | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
     """Per received position, whether its row is in C = I^i ∩ I^(i+1); and the stats.
 
     A row is in C iff it occurs in both steps: each position looks its slot up
     in the other step's sorted slots (duplicates included, so no unique set
     and no size read back). The stats count distinct rows as the first
-    position of each run of equal slots in sorted order.
+    position of each run of equal slots in sorted order. ``sorted_now`` /
+    ``sorted_next``: the slots sorted, when the caller has them. On CUDA one
+    Triton launch (`freescale.kernels.triton_collision.owner_marks_triton`)
+    does the rest.
     """
-    sorted_now = torch.sort(slots_now).values
-    sorted_next = torch.sort(slots_next).values
+    if sorted_now is None:
+        sorted_now = torch.sort(slots_now).values
+    if sorted_next is None:
+        sorted_next = torch.sort(slots_next).values
+    if choose_impl(impl, slots_now.device) == "triton":
+        return triton_module("collision").owner_marks_triton(
+            slots_now, slots_next, sorted_now, sorted_next
+        )
     now_mark = _in_sorted(slots_now, sorted_next)
     next_mark = _in_sorted(slots_next, sorted_now)
     first_next = _run_starts(sorted_next)

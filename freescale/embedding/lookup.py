@@ -48,6 +48,7 @@ class GroupCall:
     recv: list[int] = field(default_factory=list)
     recv_slots: Tensor | None = None
     ids_work: Work | None = None  # ids AllToAll issued ahead (sdd), else None
+    sorted_recv: tuple[Tensor, Tensor] | None = None  # (recv_slots, sorted): collision links
 
     @property
     def sizes(self) -> list[int]:

@@ -280,11 +280,11 @@ class BlockGraphs:
         cu_u, cu_c = padded_offsets(uih_offsets, cand_offsets, n_u, n_c, b)
         self.max_uih = max(self.max_uih, bucket(max_uih))
         self.max_candidates = max(self.max_candidates, bucket(max_candidates))
+        self.reclaim_grads()
         cap = self.graphs.get(b)
         if cap is None or cap.max_uih < max_uih or cap.max_candidates < max_candidates:
             cap = self._capture(b, uih, cand, cu_u, cu_c)
         self.graphs.move_to_end(b)
-        self.reclaim_grads()
         if self.own_grads and (uih.requires_grad or cand.requires_grad):
             return _Replay.apply(cap, self, uih, cand, cu_u, cu_c)
         return _Replay.apply(cap, None, uih, cand, cu_u, cu_c, *cap.params)

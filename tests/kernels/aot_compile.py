@@ -125,6 +125,9 @@ def variants(quick: bool = False) -> Iterator[Variant]:
         ptrs = {"now": dtype, "nxt": dtype, "now_to_next": i64, "next_to_now": i64}
         consts = {"BLOCK": collision.BLOCK}
         yield f"collision {dtype}", collision._collision_kernel, ptrs, consts
+    slots = {"now": i64, "nxt": i64, "sorted_now": i64, "sorted_next": i64, "stats": i64}
+    ptrs = {**slots, "now_mark": "*u8", "next_mark": "*u8"}
+    yield "collision.marks", collision._marks_kernel, ptrs, {"BLOCK": collision.BLOCK}
 
 
 def main() -> int:

@@ -57,3 +57,31 @@ def test_validation():
         collision_split(torch.zeros(2, dtype=torch.int32), torch.zeros(2, dtype=torch.int64))
     with pytest.raises(ValueError, match="1-D integer"):
         collision_split(torch.zeros(2), torch.zeros(2))
+
+
+slot_lists = st.lists(st.integers(0, 40) | st.sampled_from([0, 40]), max_size=70)
+
+
+def assert_same_marks(slots_now: torch.Tensor, slots_next: torch.Tensor, device) -> None:
+    from freescale.embedding.collision_link import owner_marks
+
+    want = owner_marks(slots_now, slots_next, impl="torch")
+    got = owner_marks(slots_now.to(device), slots_next.to(device), impl="triton")
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype and torch.equal(g.cpu(), w), (g, w)
+
+
+@settings(max_examples=40, deadline=None)
+@given(now=slot_lists, nxt=slot_lists)
+def test_owner_marks_triton_equals_torch(triton_device, now, nxt):
+    """Unsorted slots with repeats (empty steps too): marks and stats."""
+    assert_same_marks(torch.tensor(now, dtype=torch.int64), torch.tensor(nxt, dtype=torch.int64),
+                      triton_device)  # fmt: skip
+
+
+def test_owner_marks_triton_across_blocks(triton_device):
+    """More slots than one program's block on both sides, runs across block edges."""
+    g = torch.Generator().manual_seed(3)
+    now = torch.randint(0, 900, (1300,), generator=g)
+    nxt = torch.cat([torch.randint(500, 2000, (1100,), generator=g), torch.full((40,), 899)])
+    assert_same_marks(now, nxt[torch.randperm(nxt.numel(), generator=g)], triton_device)
