@@ -15,7 +15,8 @@
 #   overhead-graphs (the same with dense_graphs=true, against
 #   overhead-baseline-graphs.json), grid-<batch>-<graphs> (one batch size),
 #   b32g/b128g (graphs grid keeping the 2k traces), diag32/waits32 (where the
-#   batch-32 steps idle: trace gaps, sync_debug waits, cProfile).
+#   batch-32 steps idle: trace gaps, sync_debug waits, cProfile), split32
+#   (freescale's prioritized split kept at one rank: prioritize=on).
 # Everything runs from the checkout (PYTHONPATH). Sweep outputs are packed
 # into one .tgz per part (the device returns at most 8 files).
 set -uo pipefail
@@ -105,6 +106,7 @@ for part in "$@"; do
         || status=1
       common="--preset h200-21k --set nproc=1 --set steps=20 --set warmup=8 --set batch_size=64
         --set progress=false"
+      common="$common --set prioritize=on"  # the split at one rank (auto: sdd's schedule)
       for run in sync sync2 sdd freescale; do
         timeout 200 python3 -m freescale.cli.main train $common --mode "${run%2}" \
           --set metrics_path="$out/w1-$run.jsonl" 2>&1 | tail -1 > "$out/w1-$run.json"
@@ -173,6 +175,10 @@ PY
       done; done ;;
     b32g|b128g)  # issue 18: the graphs grid at one batch size, keeping the 2k sync/freescale traces
       b=${part#b}; grid "${b%g}" true keep ;;
+    split32)  # freescale's split at one rank (prioritize=on), 2k batch 32, graphs: its cost
+      timeout 200 python3 benchmarks/overhead.py --batch 32 --max-uih 2000 --modes sync,freescale \
+        --set dense_graphs=true --set prioritize=on --out "$out/overhead-split-b32-2k" 2>&1 \
+        | grep -E "^\[|^\|" | tail -6; rm -rf "$out/overhead-split-b32-2k-steps" ;;
     grid-*)  # issue 18: grid-<batch>-<dense_graphs>, e.g. grid-128-false: one overhead grid
       IFS=- read -r _ b g <<< "$part"; grid "$b" "$g" ;;
     smfree1)  # issue 12 on one GPU: processes sharing it

@@ -25,6 +25,11 @@ EMB_OPTIMIZERS = ("sgd", "adagrad", "adam")
 class TrainConfig:
     # run
     mode: str = "sync"
+    # freescale's prioritized updates hide the exclusive rows' gradient exchange
+    # and update behind the next step; at one rank there is no exchange and one
+    # stream, so "auto" runs freescale there with sdd's schedule (same numbers,
+    # less work); "on" keeps the split at any world size
+    prioritize: str = "auto"
     balance: str = "none"  # none | fbs | vbs | cost (sequence load balancing)
     plan_process: str = "auto"  # partition in a helper process: auto (on GPUs) | on | off
     balance_counts: str = "equal"  # balance=cost: equal | variable local batch sizes
@@ -103,6 +108,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         _choice("mode", self.mode, MODES)
         _choice("balance", self.balance, BALANCE)
+        _choice("prioritize", self.prioritize, ("auto", "on"))
         _choice("device", self.device, DEVICES)
         _choice("comm_backend", self.comm_backend, COMM_BACKENDS)
         if self.comm_overlapped:

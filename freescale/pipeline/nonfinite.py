@@ -35,23 +35,29 @@ def skip_flags(
 ) -> Tensor:
     """``[skipped, partial, seen on this rank]`` (bool, on ``device``) after backward."""
     grads = [p.grad for p in params if p.grad is not None]
-    dense = torch.zeros((), dtype=torch.bool, device=device)
-    if grads:  # the norm is finite iff every element is (or it overflows: skip too)
-        dense = ~torch.isfinite(total_norm(grads))
+    dense = nonfinite_in(grads) if grads else torch.zeros((), dtype=torch.bool, device=device)
     tables, here = guard.step_flag(), guard.seen_here()
     tables = dense.new_zeros(()) if tables is None else tables
     here = dense.new_zeros(()) if here is None else here
     return torch.stack([tables | dense, dense & ~tables, here])
 
 
-def total_norm(grads: list[Tensor]) -> Tensor:
-    """``nn.utils.get_total_norm(grads)``, the same value, without its per-tensor
-    ``.to`` calls when every gradient shares one device and dtype (one dispatch
-    per parameter on the step's host path); anything else goes to torch's."""
+def nonfinite_in(grads: list[Tensor]) -> Tensor:
+    """0-dim bool: some element of ``grads`` is NaN or infinite.
+
+    Where every gradient is a float tensor on one device: the gradient
+    scaler's multi-tensor check at scale 1 (``x * 1`` leaves every bit, -0.0
+    and NaN payloads included), one kernel and no tensor per gradient (a
+    total norm made one per gradient, then stacked them). Else per tensor.
+    """
     first = grads[0]
-    if all(g.device == first.device and g.dtype == first.dtype for g in grads):
-        return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
-    return nn.utils.get_total_norm(grads)
+    floats = (torch.float32, torch.float16, torch.bfloat16)
+    if all(g.device == first.device and g.dtype in floats for g in grads):
+        found = torch.zeros(1, dtype=torch.float32, device=first.device)
+        one = torch.ones(1, dtype=torch.float32, device=first.device)
+        torch._amp_foreach_non_finite_check_and_unscale_(grads, found, one)
+        return found[0] > 0
+    return ~torch.stack([torch.isfinite(g).all() for g in grads]).all()
 
 
 class NonFiniteCount:
