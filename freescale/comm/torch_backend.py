@@ -53,14 +53,13 @@ class LocalWork:
     def __init__(self, output: Tensor) -> None:
         self._output = output
         self._event = None
-        if output.is_cuda:
-            self._event = torch.cuda.Event()
+        if output.is_cuda:  # torch.Event: the current stream is found in C++, not Python
+            self._event = torch.Event(device=output.device)
             self._event.record()
 
     def wait(self, stream: torch.Stream | None = None) -> Tensor:
         if self._event is not None:
-            target = stream or torch.cuda.current_stream(self._output.device)
-            target.wait_event(self._event)
+            self._event.wait(stream)  # None: the current stream
             if stream is not None:
                 self._output.record_stream(stream)
             self._event = None

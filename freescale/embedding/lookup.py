@@ -71,14 +71,24 @@ def route(store: ShardStore, requests: list[Request], world_size: int) -> GroupC
     return GroupCall(store, requests, plan, send_slots, plan.counts)
 
 
+def _exchange(comm: Communicator, x: Tensor, send: list[int], recv: list[int]) -> Tensor:
+    """``all_to_all_v``; at one rank the identity, without the communicator's copy
+    (the buffers exchanged here are fresh and never written afterwards)."""
+    if comm.world_size == 1:
+        return x
+    return comm.all_to_all_v(x, send, recv).wait()
+
+
 def _forward(call: GroupCall, comm: Communicator, timer: Timer) -> Tensor:
     with timer("ids_a2a"):
-        work = call.ids_work or comm.all_to_all_v(call.send_slots, call.send, call.recv)
-        call.recv_slots, call.ids_work = work.wait(), None
+        if call.ids_work is not None:  # issued ahead (sdd)
+            call.recv_slots, call.ids_work = call.ids_work.wait(), None
+        else:
+            call.recv_slots = _exchange(comm, call.send_slots, call.send, call.recv)
     with timer("lookup"):
         rows = call.store.lookup(call.recv_slots)
     with timer("emb_a2a"):
-        back = comm.all_to_all_v(rows, call.recv, call.send).wait()
+        back = _exchange(comm, rows, call.recv, call.send)
         return ranged_combine(back, call.plan)
 
 
@@ -88,7 +98,7 @@ def _backward(
     assert call.recv_slots is not None
     with timer("grad_a2a"):
         grad_sorted = apply_dispatch(grad.to(call.store.dtype).contiguous(), call.plan)
-        grad_shard = comm.all_to_all_v(grad_sorted, call.send, call.recv).wait()
+        grad_shard = _exchange(comm, grad_sorted, call.send, call.recv)
     with timer("update"):
         call.store.apply_gradients(call.recv_slots, grad_shard, call.table_indices, skip)
     call.recv_slots = None  # a second backward through the same call is an error

@@ -18,6 +18,18 @@ from torch import Tensor
 BLOCKING_WAITS: Counter[str] = Counter()
 
 
+def record_event(timing: bool = False) -> torch.Event:
+    """A CUDA event recorded now on the current stream.
+
+    ``torch.Event`` finds the current stream in C++; ``torch.cuda.Event.record()``
+    looks it up in Python (~10 us of the launching thread per event, and the
+    step records ~30). Same ``query``/``synchronize``/``wait``/``elapsed_time``.
+    """
+    event = torch.Event(device="cuda", enable_timing=timing)
+    event.record()
+    return event
+
+
 def copy_to_host(t: Tensor) -> tuple[Tensor, Any]:
     """A copy of ``t`` on the host, started now without waiting: (copy, its event).
 
@@ -29,9 +41,7 @@ def copy_to_host(t: Tensor) -> tuple[Tensor, Any]:
         return t, None
     host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
     host.copy_(t, non_blocking=True)
-    event = torch.cuda.Event()
-    event.record()
-    return host, event
+    return host, record_event()
 
 
 def wait_for_copy(event: Any, site: str) -> None:

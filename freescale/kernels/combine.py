@@ -21,6 +21,8 @@ def ranged_combine(recv: Tensor, plan: DispatchPlan, *, impl: str | None = None)
     """Rows of ``recv`` (the dispatch layout of ``plan``) back in input order."""
     if recv.dim() < 1 or recv.shape[0] != plan.num_rows:
         raise ValueError(f"recv needs {plan.num_rows} rows, got shape {tuple(recv.shape)}")
+    if plan.is_identity:
+        return recv
     path = choose_impl(impl, recv.device)
     if path == "torch":
         return ranged_combine_reference(recv, plan)

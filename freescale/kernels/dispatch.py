@@ -13,7 +13,7 @@ undoes it. The plan is built without reading device memory back on the host.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -32,6 +32,9 @@ class DispatchPlan:
     counts: Tensor  # [W] int64
     offsets: Tensor  # [W + 1] int64
     positions: Tensor  # [N] int64
+    # positions == arange(N) (one destination): placing rows by it, or taking
+    # them back, returns the rows themselves instead of a copy
+    is_identity: bool = False
 
     @property
     def world_size(self) -> int:
@@ -50,7 +53,8 @@ class DispatchPlan:
     def identity(num_rows: int, device: torch.device) -> DispatchPlan:
         """Every row to rank 0, in place: what a stable sort gives one destination."""
         counts = torch.full((1,), num_rows, dtype=torch.int64, device=device)
-        return DispatchPlan.from_counts(counts, torch.arange(num_rows, device=device))
+        plan = DispatchPlan.from_counts(counts, torch.arange(num_rows, device=device))
+        return replace(plan, is_identity=True)
 
 
 def ranged_dispatch(
@@ -94,6 +98,8 @@ def apply_dispatch(values: Tensor, plan: DispatchPlan, *, impl: str | None = Non
     """Rows of ``values`` placed as ``plan`` placed the rows it was built from."""
     if values.dim() < 1 or values.shape[0] != plan.num_rows:
         raise ValueError(f"values need {plan.num_rows} rows, got shape {tuple(values.shape)}")
+    if plan.is_identity:
+        return values
     path = choose_impl(impl, values.device)
     if path == "torch":
         return apply_dispatch_reference(values, plan)

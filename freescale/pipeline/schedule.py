@@ -37,7 +37,6 @@ import torch.distributed as dist
 from torch import Tensor
 
 from freescale.jagged.batch import SampleBatch
-from freescale.jagged.ops import host_to_device
 from freescale.pipeline.loader import BatchInfo
 
 
@@ -73,7 +72,8 @@ class Schedule:
             return count  # stays on the device: the loss divides by it without a host read
 
     def _issue_count(self, info: BatchInfo) -> tuple[Tensor, Any]:
-        count = host_to_device(torch.tensor([info.candidates], dtype=torch.int64), self.device)
+        # A fill kernel carries the value: no pinned staging tensor and copy per step.
+        count = torch.full((1,), info.candidates, dtype=torch.int64, device=self.device)
         if dist.get_world_size() == 1:  # the sum of one rank's count is that count
             return count, None
         return count, dist.all_reduce(count, async_op=True)

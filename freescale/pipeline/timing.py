@@ -14,6 +14,8 @@ from contextlib import contextmanager
 
 import torch
 
+from freescale.jagged.ops import record_event
+
 # Sections whose time is communication the compute stream waited on.
 EXPOSED = {
     "preflight": "ids_a2a",  # id validity + counts exchange before the ids AllToAll
@@ -42,9 +44,7 @@ class SectionTimer:
     def _now(self) -> object:
         self.seq += 1
         if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
+            return record_event(timing=True)
         return time.perf_counter()
 
     @contextmanager

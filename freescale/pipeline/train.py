@@ -29,6 +29,7 @@ from freescale.models.sequence import SequenceModel
 from freescale.pipeline.balancing import BalanceStage, Feed, balance_partitioner, host_lengths
 from freescale.pipeline.checkpoint import Checkpointer, check_resumable
 from freescale.pipeline.config import TrainConfig, trace_window
+from freescale.pipeline.dense_adam import DenseAdam
 from freescale.pipeline.evaluation import evaluate_split, popularity_baseline
 from freescale.pipeline.faults import ComputeDelay, applies
 from freescale.pipeline.inputs import InputAgreement, Limits, find_problem
@@ -122,10 +123,12 @@ class Trainer:
         self.schedule = SCHEDULES[self.schedule_name](
             self.model, self.embeddings, self.device, self.timer.section
         )
+        # Listed once: `Module.parameters()` walks the module tree on every call.
+        self.dense_params = list(self.model.parameters())
         # Fused Adam takes the step's non-finite flag on the device (`found_inf`,
         # as gradient scalers pass it): a skipped step leaves weights, moments
         # and its step count alone without the host reading the flag.
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.dense_lr, fused=True)
+        self.optimizer = DenseAdam(self.dense_params, lr=cfg.dense_lr)
         self.guard = self.embeddings.guard_nonfinite()
         self.nonfinite = NonFiniteCount(cfg.nonfinite, cfg.nonfinite_max_skips)
         self.autocast = torch.autocast(
@@ -191,7 +194,7 @@ class Trainer:
                 self.dense.last_ready, self.timer.last_end or (0, None), key=lambda m: m[0]
             )[1]
             self.timer.add_interval("dense_allreduce", start, self.timer.mark())
-        flags = skip_flags(self.guard, self.model.parameters(), self.device)
+        flags = skip_flags(self.guard, self.dense_params, self.device)
         self.optimizer.found_inf = flags[0].float()  # type: ignore[attr-defined]
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)

@@ -171,3 +171,17 @@ def test_dispatch_block_does_not_grow_with_world_size_up_to_1024(triton_device):
     assert block_size_sqrt(512) == 128  # the previous rule, kept for benchmarks
     sizes = [block_size(w) for w in (1025, 2048, 4096, 16384, 2**20)]
     assert sizes == sorted(sizes) and sizes[-1] == 1024 and sizes[2] == 128
+
+
+def test_identity_plan_places_and_takes_back_rows_as_they_are():
+    """One destination: the rows themselves (no copy), what the reference computes."""
+    from freescale.kernels import DispatchPlan, apply_dispatch, ranged_combine
+    from freescale.kernels.combine import ranged_combine_reference
+    from freescale.kernels.dispatch import apply_dispatch_reference
+
+    values = torch.randn(7, 3)
+    plan = DispatchPlan.identity(7, values.device)
+    assert plan.is_identity
+    assert apply_dispatch(values, plan) is values and ranged_combine(values, plan) is values
+    assert torch.equal(apply_dispatch_reference(values, plan), values)
+    assert torch.equal(ranged_combine_reference(values, plan), values)
