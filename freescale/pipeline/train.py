@@ -29,7 +29,6 @@ from freescale.models.sequence import SequenceModel
 from freescale.pipeline.balancing import BalanceStage, Feed, balance_partitioner, host_lengths
 from freescale.pipeline.checkpoint import Checkpointer, check_resumable
 from freescale.pipeline.config import TrainConfig, trace_window
-from freescale.pipeline.dense_adam import DenseAdam
 from freescale.pipeline.evaluation import evaluate_split, popularity_baseline
 from freescale.pipeline.faults import ComputeDelay, applies
 from freescale.pipeline.inputs import InputAgreement, Limits, find_problem
@@ -128,7 +127,7 @@ class Trainer:
         # Fused Adam takes the step's non-finite flag on the device (`found_inf`,
         # as gradient scalers pass it): a skipped step leaves weights, moments
         # and its step count alone without the host reading the flag.
-        self.optimizer = DenseAdam(self.dense_params, lr=cfg.dense_lr)
+        self.optimizer = torch.optim.Adam(self.dense_params, lr=cfg.dense_lr, fused=True)
         self.guard = self.embeddings.guard_nonfinite()
         self.nonfinite = NonFiniteCount(cfg.nonfinite, cfg.nonfinite_max_skips)
         self.autocast = torch.autocast(
