@@ -46,9 +46,10 @@ def nonfinite_in(grads: list[Tensor]) -> Tensor:
     """0-dim bool: some element of ``grads`` is NaN or infinite.
 
     Where every gradient is a float tensor on one device: the gradient
-    scaler's multi-tensor check at scale 1 (``x * 1`` leaves every bit, -0.0
-    and NaN payloads included), one kernel and no tensor per gradient (a
-    total norm made one per gradient, then stacked them). Else per tensor.
+    scaler's multi-tensor check at scale 1, one kernel and no tensor per
+    gradient (a total norm made one per gradient, then stacked them). It
+    rewrites each gradient as ``g * 1``, which keeps every finite bit
+    (-0.0 included). Else one check per tensor.
     """
     first = grads[0]
     floats = (torch.float32, torch.float16, torch.bfloat16)
