@@ -16,7 +16,8 @@
 #   overhead-baseline-graphs.json), grid-<batch>-<graphs> (one batch size),
 #   b32g/b128g (graphs grid keeping the 2k traces), diag32/waits32 (where the
 #   batch-32 steps idle: trace gaps, sync_debug waits, cProfile), split32
-#   (freescale's prioritized split kept at one rank: prioritize=on).
+#   (freescale's prioritized split kept at one rank: prioritize=on), r2k32
+#   (UIH 2k batch 32, median of 3 runs per mode).
 # Everything runs from the checkout (PYTHONPATH). Sweep outputs are packed
 # into one .tgz per part (the device returns at most 8 files).
 set -uo pipefail
@@ -175,6 +176,11 @@ PY
       done; done ;;
     b32g|b128g)  # issue 18: the graphs grid at one batch size, keeping the 2k sync/freescale traces
       b=${part#b}; grid "${b%g}" true keep ;;
+    r2k32)  # UIH 2k batch 32, graphs, 3 runs per mode (median): the noisiest preset
+      timeout 300 python3 benchmarks/overhead.py --batch 32 --max-uih 2000 --repeat 3 \
+        --set dense_graphs=true --out "$out/overhead-r3-b32-2k" 2>&1 | grep -E "^\[|^\|" | tail -6
+      python3 -c "import json,sys; [print(r['mode'], r['gpu_idle_pct_runs']) for r in json.load(open(sys.argv[1]))['rows']]" \
+        "$out/overhead-r3-b32-2k.json"; rm -rf "$out/overhead-r3-b32-2k-steps" ;;
     split32)  # freescale's split at one rank (prioritize=on), 2k batch 32, graphs: its cost
       timeout 200 python3 benchmarks/overhead.py --batch 32 --max-uih 2000 --modes sync,freescale \
         --set dense_graphs=true --set prioritize=on --out "$out/overhead-split-b32-2k" 2>&1 \

@@ -104,3 +104,19 @@ def test_user_errors_are_one_line_rc2(tmp_path, args):
     done = _run("--smoke", "--out", str(tmp_path / "o"), *args, cwd=tmp_path)
     assert done.returncode == 2
     assert done.stderr.startswith("error: ") and done.stderr.count("\n") == 1
+
+
+def test_repeated_point_reports_the_median_idle_run():
+    mod = _module()
+    runs = [dict(_row(2000, 32, "sync", idle), step_ms=k) for k, idle in enumerate([9.6, 4.5, 5.1])]
+    row = mod.median_row(runs)
+    assert row["gpu_idle_pct"] == 5.1 and row["step_ms"] == 2  # the median run, whole
+    assert row["gpu_idle_pct_runs"] == [9.6, 4.5, 5.1]
+    assert mod.median_row(runs[:2])["gpu_idle_pct"] == 4.5  # even count: the lower middle
+    cpu = mod.median_row([_row(48, 4, "sync", None), _row(48, 4, "sync", None)])
+    assert cpu["gpu_idle_pct"] is None and cpu["gpu_idle_pct_runs"] == [None, None]
+
+
+def test_repeat_below_one_is_an_error(tmp_path):
+    done = _run("--smoke", "--repeat", "0", "--out", str(tmp_path / "o"), cwd=tmp_path)
+    assert done.returncode == 2 and "--repeat must be >= 1" in done.stderr
