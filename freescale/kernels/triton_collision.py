@@ -26,6 +26,7 @@ from freescale.kernels.triton_common import (
     bench_ms,
     cdiv,
     check_launchable,
+    count,
     gbps,
     search_steps,
 )
@@ -37,7 +38,7 @@ BLOCK = 512
 @triton.jit
 def _search(x, mask, hay, n_hay, n_steps):
     """(lower bound of each ``x`` in sorted ``hay``, whether ``hay`` holds it there)."""
-    lo = tl.zeros(x.shape, tl.int64)
+    lo = tl.full(x.shape, 0, tl.int64)
     hi = lo + n_hay
     for _ in range(n_steps):  # lower bound: first k with hay[k] >= x
         active = lo < hi
@@ -65,7 +66,7 @@ def _mark(needles, hay, out, i, n_needles, n_hay, n_steps):
     x = tl.load(needles + i, mask=mask, other=0)
     hit = _search(x, mask, hay, n_hay, n_steps)[1]
     tl.store(out + i, hit.to(tl.uint8), mask=mask)
-    return tl.sum(hit.to(tl.int64), axis=0)
+    return count(hit)
 
 
 @triton.jit(do_not_specialize=["n_now", "n_next", "steps_next", "steps_now", "blocks_now",
@@ -93,8 +94,8 @@ def _marks_kernel(
         before = tl.load(sorted_next + i - 1, mask=mask & (i > 0), other=0)
         first = mask & ((i == 0) | (x != before))  # a run of equal slots starts here
         hit = _search(x, first, sorted_now, n_now, steps_now)[1]
-        tl.atomic_add(stats + 0, tl.sum(hit.to(tl.int64), axis=0))
-        tl.atomic_add(stats + 1, tl.sum(first.to(tl.int64), axis=0))
+        tl.atomic_add(stats + 0, count(hit))
+        tl.atomic_add(stats + 1, count(first))
 
 
 @triton.jit(do_not_specialize=["n_now", "n_next", "steps_next", "steps_now", "blocks_now"])

@@ -39,6 +39,13 @@ def count_true(mask):
 
 
 @triton.jit
+def count(mask):
+    """Number of true entries of a 1-D boolean block, as int64 (``tl.sum``'s
+    reduction, written with builtins for the reason above)."""
+    return tl.reduce(mask.to(tl.int64), 0, tl.standard._sum_combine)
+
+
+@triton.jit
 def copy_rows(src, dst, src_rows, dst_rows, mask, W, BLOCK_W: tl.constexpr):
     """``dst[dst_rows, :W] = src[src_rows, :W]`` where ``mask`` (rows of ``W`` words)."""
     for w0 in range(0, W, BLOCK_W):

@@ -133,6 +133,11 @@ def test_interpreted_kernels_work_when_triton_was_imported_first():
         "triton_dispatch.check('cpu', n=200, world_size=5, dim=3)\n"
         "triton_bucketize.check('cpu', n=300)\n"
         "triton_collision.check('cpu', n=300)\n"
+        "import torch\n"
+        "from freescale.embedding.collision_link import owner_marks\n"
+        "a, b = torch.randint(0, 50, (700,)), torch.randint(0, 50, (600,))\n"
+        "got, want = owner_marks(a, b, impl='triton'), owner_marks(a, b, impl='torch')\n"
+        "assert all(torch.equal(x, y) for x, y in zip(got, want))\n"
     )
     result = subprocess.run(
         [sys.executable, "-c", code],
