@@ -17,7 +17,7 @@
 #   b32g/b128g (graphs grid keeping the 2k traces), diag32/waits32 (where the
 #   batch-32 steps idle: trace gaps, sync_debug waits, cProfile), split32
 #   (freescale's prioritized split kept at one rank: prioritize=on), r2k32
-#   (UIH 2k batch 32, median of 3 runs per mode).
+#   (UIH 2k batch 32, median of 3 runs per mode), t2k32 (the same as 3 grids, traces kept).
 # Everything runs from the checkout (PYTHONPATH). Sweep outputs are packed
 # into one .tgz per part (the device returns at most 8 files).
 set -uo pipefail
@@ -181,6 +181,22 @@ PY
         --set dense_graphs=true --out "$out/overhead-r3-b32-2k" 2>&1 | grep -E "^\[|^\|" | tail -6
       python3 -c "import json,sys; [print(r['mode'], r['gpu_idle_pct_runs']) for r in json.load(open(sys.argv[1]))['rows']]" \
         "$out/overhead-r3-b32-2k.json"; rm -rf "$out/overhead-r3-b32-2k-steps" ;;
+    models)  # the GPU tests of the model (graphs, streams) only
+      timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/models 2>&1 \
+        | tee "$out/gpu_tests_models.log" | tail -4 ;;
+    ab2k)  # UIH 2k batch 32 sync, graphs with 1 vs 2 streams, alternated twice (traces kept)
+      for r in 1 2; do for s in 1 2; do
+        timeout 120 python3 benchmarks/overhead.py --batch 32 --max-uih 2000 --modes sync \
+          --set dense_graphs=true --set dense_graph_streams=$s --out "$out/ab-s$s-r$r" 2>&1 \
+          | grep -E "^\[" | sed "s/^/streams $s: /"
+      done; done
+      tar czf "$out/ab2k.tgz" -C "$out" $(cd "$out" && ls -d ab-*) && rm -rf "$out"/ab-* ;;
+    t2k32)  # UIH 2k batch 32, graphs: 3 separate grids (sync/sdd/freescale), every trace kept
+      for i in $(seq 1 "${T2K_RUNS:-3}"); do
+        timeout 200 python3 benchmarks/overhead.py --batch 32 --max-uih 2000 \
+          --set dense_graphs=true --out "$out/o2k-$i" 2>&1 | grep -E "^\[" | tail -3
+      done
+      tar czf "$out/t2k32.tgz" -C "$out" $(cd "$out" && ls -d o2k-*) && rm -rf "$out"/o2k-* ;;
     split32)  # freescale's split at one rank (prioritize=on), 2k batch 32, graphs: its cost
       timeout 200 python3 benchmarks/overhead.py --batch 32 --max-uih 2000 --modes sync,freescale \
         --set dense_graphs=true --set prioritize=on --out "$out/overhead-split-b32-2k" 2>&1 \

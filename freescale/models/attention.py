@@ -50,6 +50,11 @@ class AttentionLayout:
     q_pad: Tensor | None = None
     k_pad: Tensor | None = None
 
+    def tensors(self) -> list[Tensor]:
+        """The device tensors it holds (offsets, masks)."""
+        held = (self.q.offsets, self.q.cu, self.k.offsets, self.k.cu)
+        return [t for t in (*held, self.no_keys, self.q_pad, self.k_pad) if t is not None]
+
 
 def resolve_impl(impl: str, on_cuda: bool) -> str:
     """``auto`` -> ``varlen`` on CUDA, ``reference`` elsewhere."""

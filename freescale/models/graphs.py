@@ -116,12 +116,14 @@ class PaddedBlocks(nn.Module):
     the padding is tested against the unpadded stack."""
 
     def __init__(
-        self, blocks: nn.ModuleList, max_uih: int, max_candidates: int, impl: str | None = None
-    ) -> None:
+        self, blocks: nn.ModuleList, max_uih: int, max_candidates: int, impl: str | None = None,
+        two_streams: bool = True,
+    ) -> None:  # fmt: skip
         super().__init__()
         self.blocks = blocks
         self.max_uih, self.max_candidates = max_uih, max_candidates
         self.impl = impl  # None: varlen on CUDA, reference elsewhere
+        self.two_streams = two_streams  # on CUDA: the candidate path on a side stream
 
     def forward(self, uih: Tensor, cand: Tensor, cu_u: Tensor, cu_c: Tensor) -> Tensor:
         """The candidates' output [candidates, dim] (the UIH output has no reader)."""
@@ -135,9 +137,40 @@ class PaddedBlocks(nn.Module):
             AttentionLayout(impl, su, su, True, pad_u, q_pad=pad_u, k_pad=pad_u),
             AttentionLayout(impl, sc, su, False, no_keys, q_pad=pad_c, k_pad=pad_u),
         )
-        for block in self.blocks:
-            uih, cand = block(uih, cand, layout)
+        if uih.is_cuda and self.two_streams:
+            return two_stream_blocks(self.blocks, uih, cand, layout, _side_stream())
+        last = len(self.blocks) - 1
+        for i, block in enumerate(self.blocks):
+            uih, cand = block(uih, cand, layout, uih_out=i < last)
         return cand
+
+
+def two_stream_blocks(
+    blocks: nn.ModuleList,
+    uih: Tensor,
+    cand: Tensor,
+    layout: tuple[AttentionLayout, AttentionLayout],
+    side: torch.cuda.Stream,
+) -> Tensor:
+    """The candidates' output of the stack, their path on ``side`` (CUDA).
+
+    The candidate rows are few (one per candidate, vs thousands of UIH rows),
+    so their small kernels mostly run in the gaps between the UIH path's: the
+    GPU idles less. In backward, autograd runs each op's gradient on the
+    stream of its forward, so the overlap holds there too. Every tensor the
+    side stream reads from the current one is recorded on it, so the
+    allocator (also while capturing a graph) does not hand its memory out early.
+    """
+    main = torch.cuda.current_stream()
+    side.wait_stream(main)
+    for t in (cand, *layout[0].tensors(), *layout[1].tensors()):
+        t.record_stream(side)
+    last = len(blocks) - 1
+    for i, block in enumerate(blocks):
+        uih, cand = block(uih, cand, layout, uih_out=i < last, side=side)
+    main.wait_stream(side)
+    cand.record_stream(main)
+    return cand
 
 
 def pad_rows(x: Tensor, rows: int) -> Tensor:
@@ -202,15 +235,24 @@ class _Captured:
         ]
 
 
-_STREAMS: dict[int, torch.cuda.Stream] = {}
+_STREAMS: dict[tuple[str, int], torch.cuda.Stream] = {}
+
+
+def _stream(role: str) -> torch.cuda.Stream:
+    key = (role, torch.cuda.current_device())
+    if key not in _STREAMS:
+        _STREAMS[key] = torch.cuda.Stream()
+    return _STREAMS[key]
 
 
 def _capture_stream() -> torch.cuda.Stream:
-    """One side stream per device for every capture (and its warm-up pass)."""
-    dev = torch.cuda.current_device()
-    if dev not in _STREAMS:
-        _STREAMS[dev] = torch.cuda.Stream()
-    return _STREAMS[dev]
+    """One stream per device for every capture (and its warm-up pass)."""
+    return _stream("capture")
+
+
+def _side_stream() -> torch.cuda.Stream:
+    """The candidate path's stream (`two_stream_blocks`), one per device."""
+    return _stream("side")
 
 
 class _Replay(torch.autograd.Function):
@@ -251,8 +293,11 @@ class _Replay(torch.autograd.Function):
 class BlockGraphs:
     """``run(...)``: the block stack's candidate output through a captured graph."""
 
-    def __init__(self, blocks: nn.ModuleList, max_graphs: int = 32) -> None:
+    def __init__(
+        self, blocks: nn.ModuleList, max_graphs: int = 32, two_streams: bool = True
+    ) -> None:
         self.blocks = blocks
+        self.two_streams = two_streams  # `PaddedBlocks.two_streams` of every capture
         self.max_graphs = max_graphs
         self.graphs: OrderedDict[Bucket, _Captured] = OrderedDict()
         self.pool: Any = None
@@ -321,7 +366,9 @@ class BlockGraphs:
     def _capture(
         self, b: Bucket, uih: Tensor, cand: Tensor, cu_u: Tensor, cu_c: Tensor
     ) -> _Captured:
-        body = PaddedBlocks(self.blocks, self.max_uih, self.max_candidates)
+        body = PaddedBlocks(
+            self.blocks, self.max_uih, self.max_candidates, two_streams=self.two_streams
+        )
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         inputs = (

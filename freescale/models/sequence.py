@@ -40,6 +40,7 @@ class ModelConfig:
     dense_dim: int = 0
     attention: str = "auto"  # auto | reference | varlen
     graphs: bool = False  # CUDA graphs of the block stack (`freescale.models.graphs`)
+    graph_streams: int = 2  # 2: their candidate path on a side stream (same numbers)
 
     def __post_init__(self) -> None:
         for name in ("num_items", "num_actions", "dim", "heads", "layers", "mlp_ratio"):
@@ -49,6 +50,8 @@ class ModelConfig:
             raise ValueError(f"model dim ({self.dim}) must be divisible by heads ({self.heads})")
         if self.dense_dim < 0:
             raise ValueError("model dense_dim must be >= 0")
+        if self.graph_streams not in (1, 2):
+            raise ValueError(f"model graph_streams must be 1 or 2, got {self.graph_streams}")
         if self.graphs and self.attention == "reference":
             raise ValueError("model graphs need the varlen attention (attention=auto or varlen)")
 
@@ -69,17 +72,59 @@ class Block(nn.Module):
         return x.view(x.shape[0], self.heads, x.shape[-1] // self.heads)  # 0 rows work too
 
     def forward(
-        self, uih: Tensor, cand: Tensor, layout: tuple[AttentionLayout, AttentionLayout]
+        self,
+        uih: Tensor,
+        cand: Tensor,
+        layout: tuple[AttentionLayout, AttentionLayout],
+        uih_out: bool = True,
+        side: torch.cuda.Stream | None = None,
     ) -> tuple[Tensor, Tensor]:
-        """``layout``: (UIH self-attention, candidate cross-attention), from `attention_layouts`."""
+        """``layout``: (UIH self-attention, candidate cross-attention), from `attention_layouts`.
+
+        ``uih_out=False`` (the last block): the UIH update has no reader, so it
+        is skipped and ``uih`` comes back unchanged; the candidates' numbers
+        are the same. ``side``: the candidate path runs on this CUDA stream,
+        concurrently with the UIH path (same kernels, so the same numbers);
+        the caller forks ``side`` from the current stream before the first
+        block and joins it after the last (`graphs.two_stream_blocks`)."""
+        if side is not None:
+            return self._two_streams(uih, cand, layout, uih_out, side)
         qu, ku, vu = self.qkv(self.norm1(uih)).chunk(3, dim=-1)
         qc = self.qkv(self.norm1(cand)).chunk(3, dim=-1)[0]
         qu, ku, vu, qc = (self._heads(t) for t in (qu, ku, vu, qc))
-        self_att = attend(qu, ku, vu, layout[0])
+        if uih_out:
+            self_att = attend(qu, ku, vu, layout[0])
         cross = attend(qc, ku, vu, layout[1])
-        uih = uih + self.proj(self_att.flatten(1))
+        if uih_out:
+            uih = uih + self.proj(self_att.flatten(1))
         cand = cand + self.proj(cross.flatten(1))
-        return uih + self.mlp(self.norm2(uih)), cand + self.mlp(self.norm2(cand))
+        if uih_out:
+            uih = uih + self.mlp(self.norm2(uih))
+        return uih, cand + self.mlp(self.norm2(cand))
+
+    def _two_streams(
+        self,
+        uih: Tensor,
+        cand: Tensor,
+        layout: tuple[AttentionLayout, AttentionLayout],
+        uih_out: bool,
+        side: torch.cuda.Stream,
+    ) -> tuple[Tensor, Tensor]:
+        with torch.cuda.stream(side):
+            qc = self._heads(self.qkv(self.norm1(cand)).chunk(3, dim=-1)[0])
+        qu, ku, vu = (self._heads(t) for t in self.qkv(self.norm1(uih)).chunk(3, dim=-1))
+        side.wait_stream(torch.cuda.current_stream())  # the keys and values
+        # Their memory (one storage: the qkv output) must not be reused until the
+        # side stream is done with it (the cross-attention saves them for backward).
+        ku.record_stream(side)
+        with torch.cuda.stream(side):
+            cross = attend(qc, ku, vu, layout[1])
+            cand = cand + self.proj(cross.flatten(1))
+            cand = cand + self.mlp(self.norm2(cand))
+        if uih_out:
+            uih = uih + self.proj(attend(qu, ku, vu, layout[0]).flatten(1))
+            uih = uih + self.mlp(self.norm2(uih))
+        return uih, cand
 
 
 class SequenceModel(nn.Module):
@@ -93,7 +138,9 @@ class SequenceModel(nn.Module):
         self.dense_proj = nn.Linear(cfg.dense_dim, cfg.dim) if cfg.dense_dim else None
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
         self.head = nn.Sequential(nn.LayerNorm(cfg.dim), nn.Linear(cfg.dim, 1))
-        self.graphs = BlockGraphs(self.blocks) if cfg.graphs else None
+        self.graphs = (
+            BlockGraphs(self.blocks, two_streams=cfg.graph_streams == 2) if cfg.graphs else None
+        )
         nn.init.normal_(self.item_emb.weight, std=0.05)
         nn.init.normal_(self.action_emb.weight, std=0.05)
 
@@ -103,8 +150,11 @@ class SequenceModel(nn.Module):
         """``max_uih``/``max_candidates`` (host ints) spare the GPU path a read-back."""
         n_u, n_c = batch.uih[UIH_IDS].numel(), batch.num_candidates_total
         rows = self.item_emb(self.embedding_inputs(batch)["item_emb"])
-        uih = rows[:n_u] + self.action_emb(batch.uih[UIH_ACTIONS])
-        cand = rows[n_u : n_u + n_c] + self._pool_content(rows[n_u + n_c :], batch)
+        # One split, not three slices: its backward is one concatenation, where
+        # each slice's would zero a full-size gradient, copy into it, and add.
+        uih_rows, cand_rows, content_rows = rows.split([n_u, n_c, rows.shape[0] - n_u - n_c])
+        uih = uih_rows + self.action_emb(batch.uih[UIH_ACTIONS])
+        cand = cand_rows + self._pool_content(content_rows, batch)
         if self.dense_proj is not None and batch.dense is not None:
             per_cand = segment_ids(batch.candidates.offsets, n_c)
             cand = cand + self.dense_proj(batch.dense)[per_cand]
@@ -117,8 +167,9 @@ class SequenceModel(nn.Module):
             )
             return self.head(cand).squeeze(-1)
         layout = self.attention_layouts(batch, rows.is_cuda, max_uih, max_candidates)
-        for block in self.blocks:
-            uih, cand = block(uih, cand, layout)
+        last = len(self.blocks) - 1
+        for i, block in enumerate(self.blocks):
+            uih, cand = block(uih, cand, layout, uih_out=i < last)
         return self.head(cand).squeeze(-1)
 
     def _graphed(self, uih: Tensor, cand: Tensor, batch: SampleBatch) -> bool:

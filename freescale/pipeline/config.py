@@ -72,6 +72,9 @@ class TrainConfig:
     # CUDA graphs of the dense blocks, one per padded shape: far fewer host
     # launches at small batches; close to (not bitwise equal to) eager numbers
     dense_graphs: bool = False
+    # inside those graphs, the candidate path on its own stream (2) or not (1):
+    # same kernels, same numbers; 1 is the reference of an A/B
+    dense_graph_streams: int = 2
     # optimization
     dense_lr: float = 3e-3
     emb_optimizer: str = "adagrad"
@@ -120,6 +123,8 @@ class TrainConfig:
         _choice("plan_process", self.plan_process, ("auto", "on", "off"))
         _choice("balance_counts", self.balance_counts, ("equal", "variable"))
         _choice("nonfinite", self.nonfinite, ("raise", "skip"))
+        if self.dense_graph_streams not in (1, 2):
+            raise ValueError(f"dense_graph_streams must be 1 or 2, got {self.dense_graph_streams}")
         if self.dense_graphs and self.attention == "reference":
             raise ValueError("dense_graphs=true needs attention=auto or varlen (CUDA graphs)")
         if self.balance_counts == "variable" and self.balance != "cost":

@@ -105,6 +105,7 @@ def model_config(cfg: TrainConfig, num_items: int, num_actions: int) -> ModelCon
         layers=cfg.layers,
         attention=cfg.attention,
         graphs=cfg.dense_graphs,
+        graph_streams=cfg.dense_graph_streams,
     )
 
 

@@ -187,6 +187,22 @@ def test_padded_stack_equals_the_eager_stack(monkeypatch, spec):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
+def test_last_block_skips_the_unread_uih_update_bit_for_bit():
+    """``uih_out=False`` leaves the UIH rows as they were and the candidates'
+    output (and its gradients) exactly as the full block computes them."""
+    m = _model(layers=1, attention="reference")
+    batch = random_batch(seed=8, batch_size=6, max_uih=20, num_items=100)
+    uih, cand = _inputs(m, batch)
+    layout = m.attention_layouts(batch, False)
+    weight = torch.randn(cand.shape, generator=torch.Generator().manual_seed(3))
+    full = m.blocks[0](uih, cand, layout)[1]
+    skipped_uih, skipped = m.blocks[0](uih, cand, layout, uih_out=False)
+    assert skipped_uih is uih
+    assert torch.equal(skipped, full)
+    got, want = _grads(m, skipped, uih, cand, weight), _grads(m, full, uih, cand, weight)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
 def test_graphs_are_off_the_cpu_path_bit_for_bit():
     """``graphs=True`` changes nothing where no graph can run (CPU, no grad)."""
     batch = random_batch(seed=7, batch_size=5, max_uih=9)
@@ -209,6 +225,10 @@ def test_config_refuses_graphs_without_cuda_or_varlen():
         build_config("demo", ["dense_graphs=true", "attention=reference"])
     with pytest.raises(ValueError, match="varlen attention"):
         ModelConfig(graphs=True, attention="reference")
+    with pytest.raises(ValueError, match="dense_graph_streams must be 1 or 2"):
+        build_config("demo", ["dense_graph_streams=3"])
+    with pytest.raises(ValueError, match="graph_streams must be 1 or 2"):
+        ModelConfig(graph_streams=0)
 
 
 # ---- GPU: the captured graphs against eager training ---------------------------------
@@ -319,3 +339,31 @@ def test_lent_gradients_accumulate_like_autograd_bit_for_bit():
         opt.step()
         opt.zero_grad(set_to_none=k % 2 == 1)
     assert lent > 0  # some gradients were the graph's memory, not copies
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("amp", [False, True])
+def test_side_stream_stack_equals_one_stream(amp):
+    """The candidate path on a side stream runs the same kernels as one stream:
+    the output is bit for bit the same, the gradients too up to the flash
+    backward's atomic accumulation. Repeated runs would expose memory handed
+    to one stream while the other still reads it."""
+    m = _model(layers=3, dim=64, heads=2, attention="auto").cuda()
+    for seed in (31, 32, 33):
+        batch = random_batch(seed=seed, batch_size=16, max_uih=300, num_items=100).to("cuda")
+        uih, cand = _inputs(m, batch)
+        maxu, maxc = int(batch.uih_lengths().max()), int(batch.num_candidates().max())
+        weight = torch.randn_like(cand)
+        runs = []
+        for two_streams in (False, True, True, True):
+            _, args = padded_inputs(uih, cand, batch.uih.offsets, batch.candidates.offsets)
+            body = PaddedBlocks(m.blocks, bucket(maxu), bucket(maxc), two_streams=two_streams)
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+                out = body(*args)[: cand.shape[0]]
+            runs.append([out.detach().clone(), *_grads(m, out, uih, cand, weight)])
+        ref = runs[0]
+        for got in runs[1:]:
+            assert torch.equal(got[0], ref[0])
+            for a, r in zip(got[1:], ref[1:], strict=True):
+                torch.testing.assert_close(a, r, rtol=1e-4, atol=1e-5)
