@@ -20,6 +20,34 @@ from torch import Tensor
 from freescale.comm import Communicator
 
 
+def nonfinite_in(grads: list[Tensor]) -> Tensor:
+    """0-dim bool: some element of ``grads`` (a non-empty list) is NaN or infinite.
+
+    Where every gradient is a float tensor on one device: the gradient
+    scaler's multi-tensor check at scale 1, one kernel and no tensor per
+    gradient (a total norm made one per gradient, then stacked them). It
+    rewrites each gradient as ``g * 1``, which keeps every finite bit
+    (-0.0 included). Else one check per tensor.
+    """
+    first = grads[0]
+    floats = (torch.float32, torch.float16, torch.bfloat16)
+    if all(g.device == first.device and g.dtype in floats for g in grads):
+        found = torch.zeros(1, dtype=torch.float32, device=first.device)
+        torch._amp_foreach_non_finite_check_and_unscale_(grads, found, _one(first.device))
+        return found[0] > 0
+    return ~torch.stack([torch.isfinite(g).all() for g in grads]).all()
+
+
+_ONES: dict[torch.device, Tensor] = {}
+
+
+def _one(device: torch.device) -> Tensor:
+    """A ``[1]`` float 1 on ``device``, made once (the check only reads it)."""
+    if device not in _ONES:
+        _ONES[device] = torch.ones(1, dtype=torch.float32, device=device)
+    return _ONES[device]
+
+
 class NonFiniteGuard:
     """One device flag per backward: True when any rank saw a non-finite value.
 
@@ -31,27 +59,24 @@ class NonFiniteGuard:
 
     def __init__(self, comm: Communicator) -> None:
         self.comm = comm
-        self._evidence: Tensor | None = None
+        self._evidence: list[Tensor] = []
         self._flags: list[Tensor] = []
         self._seen_here: list[Tensor] = []  # this rank's own evidence, per backward
 
     def begin_step(self, *tensors: Tensor) -> None:
         """A new step; ``tensors`` (e.g. the loss) count as evidence for its backwards."""
         self._flags, self._seen_here = [], []
-        self._evidence = None
-        for t in tensors:
-            bad = ~torch.isfinite(t.detach()).all()
-            self._evidence = bad if self._evidence is None else self._evidence | bad
+        # Copies: each backward's check rewrites what it checks (as ``x * 1``),
+        # and the loss itself must stay untouched while autograd may read it.
+        self._evidence = [t.detach().clone() for t in tensors]
 
     def agree(self, grads: Sequence[Tensor], device: torch.device) -> Tensor:
         """The global flag (0-dim bool on ``device``) of one backward; a collective."""
-        finite = None
-        for g in grads:
-            ok = torch.isfinite(g).all()
-            finite = ok if finite is None else finite & ok
-        local = torch.zeros((), dtype=torch.bool, device=device) if finite is None else ~finite
-        if self._evidence is not None:
-            local = local | self._evidence.to(device)
+        checked = [*grads, *(t.to(device) for t in self._evidence)]
+        if checked:  # one multi-tensor check for the step's evidence and gradients
+            local = nonfinite_in(checked)
+        else:
+            local = torch.zeros((), dtype=torch.bool, device=device)
         if self.comm.world_size == 1:  # the gather of one rank's flag is that flag
             flag = local
         else:

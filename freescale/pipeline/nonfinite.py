@@ -23,7 +23,7 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor, nn
 
-from freescale.embedding.nonfinite import NonFiniteGuard
+from freescale.embedding.nonfinite import NonFiniteGuard, nonfinite_in
 
 
 class NonFiniteError(FloatingPointError):
@@ -40,25 +40,6 @@ def skip_flags(
     tables = dense.new_zeros(()) if tables is None else tables
     here = dense.new_zeros(()) if here is None else here
     return torch.stack([tables | dense, dense & ~tables, here])
-
-
-def nonfinite_in(grads: list[Tensor]) -> Tensor:
-    """0-dim bool: some element of ``grads`` is NaN or infinite.
-
-    Where every gradient is a float tensor on one device: the gradient
-    scaler's multi-tensor check at scale 1, one kernel and no tensor per
-    gradient (a total norm made one per gradient, then stacked them). It
-    rewrites each gradient as ``g * 1``, which keeps every finite bit
-    (-0.0 included). Else one check per tensor.
-    """
-    first = grads[0]
-    floats = (torch.float32, torch.float16, torch.bfloat16)
-    if all(g.device == first.device and g.dtype in floats for g in grads):
-        found = torch.zeros(1, dtype=torch.float32, device=first.device)
-        one = torch.ones(1, dtype=torch.float32, device=first.device)
-        torch._amp_foreach_non_finite_check_and_unscale_(grads, found, one)
-        return found[0] > 0
-    return ~torch.stack([torch.isfinite(g).all() for g in grads]).all()
 
 
 class NonFiniteCount:

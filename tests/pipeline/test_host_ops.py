@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
+from freescale.embedding.nonfinite import nonfinite_in
 from freescale.embedding.preflight import _constant_on, fingerprint
-from freescale.pipeline.nonfinite import nonfinite_in
 
 SHAPES = [(3, 4), (0,), (1,), (7,), (2, 0, 3), (5, 1)]
 
