@@ -1,4 +1,5 @@
 import gzip
+import itertools
 import json
 
 import pytest
@@ -139,7 +140,8 @@ def test_format_lists_the_ten_largest_gaps():
     events = [kernel(1000 * i, 100 + i) for i in range(13)]  # 12 gaps, shrinking
     text = format_summary(gpu_gaps({"traceEvents": events}))
     lines = text.splitlines()
-    gap_rows = lines[lines.index("| --- | --- | --- |") + 1 :]
+    start = lines.index("| --- | --- | --- |") + 1
+    gap_rows = list(itertools.takewhile(bool, lines[start:]))  # up to the next table
     assert len(gap_rows) == 10
     assert gap_rows[0].startswith("| 0.900 | 0.100 |")  # the largest first
 
@@ -224,3 +226,15 @@ def test_thread_ops_count_outermost_ops_per_step_and_thread():
     text = format_threads(thread_ops(trace), top=5)
     assert "Thread 1: 0.500 ms of outermost ops per step" in text
     assert thread_ops({"traceEvents": []}) == []
+
+
+def test_idle_is_split_by_gap_length():
+    """Gaps of 1, 5, 20 and 350 µs land in their buckets; together they are the idle time."""
+    ends = [(0, 10), (11, 20), (25, 30), (50, 60), (410, 420)]
+    s = gpu_gaps({"traceEvents": [kernel(a, b - a) for a, b in ends]})
+    [d] = s.devices
+    got = [(x.below_us, x.count, x.idle_us) for x in d.gap_sizes]
+    assert got == [(2.0, 1, 1.0), (10.0, 1, 5.0), (100.0, 1, 20.0), (float("inf"), 1, 350.0)]
+    assert sum(x.idle_us for x in d.gap_sizes) == d.idle_us
+    text = format_summary(s)
+    assert "idle by gap length" in text and "| >= 100 us | 1 | 0.350 |" in text
