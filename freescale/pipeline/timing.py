@@ -33,10 +33,14 @@ CATEGORIES = ("ids_a2a", "emb_a2a", "grad_a2a", "dense_allreduce", "meta", "bala
 
 
 class SectionTimer:
-    """Collects named sections within one step; ``take()`` ends the step."""
+    """Collects named sections within one step; ``take()`` ends the step.
 
-    def __init__(self, device: torch.device) -> None:
+    ``timed``: the section names that are measured (None: all); any other
+    section runs untimed, without its two events (each a host call per step)."""
+
+    def __init__(self, device: torch.device, timed: frozenset[str] | None = None) -> None:
         self.cuda = device.type == "cuda"
+        self.timed = timed
         self._open: list[tuple[str, object, object]] = []
         self.seq = 0  # marks are taken in stream order; a larger seq is later
         self.last_end: tuple[int, object] | None = None  # end of the latest section
@@ -49,6 +53,9 @@ class SectionTimer:
 
     @contextmanager
     def section(self, name: str) -> Iterator[None]:
+        if self.timed is not None and name not in self.timed:
+            yield
+            return
         start = self._now()
         try:
             yield
