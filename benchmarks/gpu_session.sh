@@ -191,6 +191,11 @@ PY
           | grep -E "^\[" | sed "s/^/streams $s: /"
       done; done
       tar czf "$out/ab2k.tgz" -C "$out" $(cd "$out" && ls -d ab-*) && rm -rf "$out"/ab-* ;;
+    conn2k)  # the same as ab2k's 2-stream point with CUDA_DEVICE_MAX_CONNECTIONS=32 (default 8)
+      CUDA_DEVICE_MAX_CONNECTIONS=32 timeout 120 python3 benchmarks/overhead.py --batch 32 \
+        --max-uih 2000 --modes sync --set dense_graphs=true --out "$out/conn32" 2>&1 \
+        | grep -E "^\[" | sed "s/^/connections 32: /"
+      tar czf "$out/conn2k.tgz" -C "$out" conn32.md conn32-steps && rm -rf "$out"/conn32* ;;
     t2k32)  # UIH 2k batch 32, graphs: 3 separate grids (sync/sdd/freescale), every trace kept
       for i in $(seq 1 "${T2K_RUNS:-3}"); do
         timeout 200 python3 benchmarks/overhead.py --batch 32 --max-uih 2000 \
