@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from freescale.comm import Communicator
-from freescale.embedding.lookup import GroupCall
+from freescale.embedding.lookup import GroupCall, issue_exchange
 from freescale.jagged.ops import copy_to_host, host_to_device, wait_for_copy
 from freescale.kernels import collision_split
 from freescale.kernels.backend import choose_impl, triton_module
@@ -110,12 +110,10 @@ def link(comm: Communicator, now: GroupCall, nxt: GroupCall) -> Link:
     now_recv, next_recv, stats = owner_marks(
         now.recv_slots, nxt.recv_slots, _sorted_recv(now), _sorted_recv(nxt)
     )
-    if comm.world_size == 1:  # the exchange would hand each mark back as it is
-        now_send, next_send = now_recv, next_recv
-    else:  # marks go back like embeddings: receive counts become send counts
-        now_work = comm.all_to_all_v(now_recv.to(torch.uint8), now.recv, now.send)
-        next_work = comm.all_to_all_v(next_recv.to(torch.uint8), nxt.recv, nxt.send)
-        now_send, next_send = now_work.wait().bool(), next_work.wait().bool()
+    # Marks go back like embeddings: receive counts become send counts.
+    now_work = issue_exchange(comm, now_recv.to(torch.uint8), now.recv, now.send)
+    next_work = issue_exchange(comm, next_recv.to(torch.uint8), nxt.recv, nxt.send)
+    now_send, next_send = now_work.wait().bool(), next_work.wait().bool()
     per_peer = sums_per_peer(
         [now_recv, next_recv, now_send, next_send], [now.recv, nxt.recv, now.send, nxt.send]
     )

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from freescale.comm import Communicator, Work
+from freescale.comm import Communicator, CompletedWork, Work
 from freescale.embedding.nonfinite import NonFiniteGuard
 from freescale.embedding.preflight import Request
 from freescale.embedding.store import ShardStore
@@ -71,12 +71,17 @@ def route(store: ShardStore, requests: list[Request], world_size: int) -> GroupC
     return GroupCall(store, requests, plan, send_slots, plan.counts)
 
 
-def _exchange(comm: Communicator, x: Tensor, send: list[int], recv: list[int]) -> Tensor:
-    """``all_to_all_v``; at one rank the identity, without the communicator's copy
-    (the buffers exchanged here are fresh and never written afterwards)."""
+def issue_exchange(comm: Communicator, x: Tensor, send: list[int], recv: list[int]) -> Work:
+    """``all_to_all_v`` issued; at one rank ``x`` itself, without the
+    communicator's copy: for buffers made for the exchange and never written
+    after it."""
     if comm.world_size == 1:
-        return x
-    return comm.all_to_all_v(x, send, recv).wait()
+        return CompletedWork(x)
+    return comm.all_to_all_v(x, send, recv)
+
+
+def _exchange(comm: Communicator, x: Tensor, send: list[int], recv: list[int]) -> Tensor:
+    return issue_exchange(comm, x, send, recv).wait()
 
 
 def _forward(call: GroupCall, comm: Communicator, timer: Timer) -> Tensor:

@@ -137,39 +137,38 @@ class PaddedBlocks(nn.Module):
             AttentionLayout(impl, su, su, True, pad_u, q_pad=pad_u, k_pad=pad_u),
             AttentionLayout(impl, sc, su, False, no_keys, q_pad=pad_c, k_pad=pad_u),
         )
-        if uih.is_cuda and self.two_streams:
-            return two_stream_blocks(self.blocks, uih, cand, layout, _side_stream())
-        last = len(self.blocks) - 1
-        for i, block in enumerate(self.blocks):
-            uih, cand = block(uih, cand, layout, uih_out=i < last)
-        return cand
+        side = _side_stream() if uih.is_cuda and self.two_streams else None
+        return run_blocks(self.blocks, uih, cand, layout, side)
 
 
-def two_stream_blocks(
+def run_blocks(
     blocks: nn.ModuleList,
     uih: Tensor,
     cand: Tensor,
     layout: tuple[AttentionLayout, AttentionLayout],
-    side: torch.cuda.Stream,
+    side: torch.cuda.Stream | None = None,
 ) -> Tensor:
-    """The candidates' output of the stack, their path on ``side`` (CUDA).
+    """The candidates' output of the stack; with ``side`` (CUDA) their path on it.
 
     The candidate rows are few (one per candidate, vs thousands of UIH rows),
-    so their small kernels mostly run in the gaps between the UIH path's: the
-    GPU idles less. In backward, autograd runs each op's gradient on the
-    stream of its forward, so the overlap holds there too. Every tensor the
-    side stream reads from the current one is recorded on it, so the
-    allocator (also while capturing a graph) does not hand its memory out early.
+    so on a side stream their small kernels mostly run in the gaps between
+    the UIH path's: the GPU idles less. In backward, autograd runs each op's
+    gradient on the stream of its forward, so the overlap holds there too.
+    Every tensor the side stream reads from the current one is recorded on
+    it, so the allocator (also while capturing a graph) does not hand its
+    memory out early.
     """
-    main = torch.cuda.current_stream()
-    side.wait_stream(main)
-    for t in (cand, *layout[0].tensors(), *layout[1].tensors()):
-        t.record_stream(side)
+    main = torch.cuda.current_stream() if side is not None else None
+    if side is not None:
+        side.wait_stream(main)
+        for t in (cand, *layout[0].tensors(), *layout[1].tensors()):
+            t.record_stream(side)
     last = len(blocks) - 1
     for i, block in enumerate(blocks):
         uih, cand = block(uih, cand, layout, uih_out=i < last, side=side)
-    main.wait_stream(side)
-    cand.record_stream(main)
+    if main is not None:
+        main.wait_stream(side)
+        cand.record_stream(main)
     return cand
 
 
@@ -251,7 +250,7 @@ def _capture_stream() -> torch.cuda.Stream:
 
 
 def _side_stream() -> torch.cuda.Stream:
-    """The candidate path's stream (`two_stream_blocks`), one per device."""
+    """The candidate path's stream (`run_blocks`), one per device."""
     return _stream("side")
 
 

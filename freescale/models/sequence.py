@@ -12,6 +12,7 @@ Distribution is applied from outside: the item table is a plain
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -86,40 +87,21 @@ class Block(nn.Module):
         are the same. ``side``: the candidate path runs on this CUDA stream,
         concurrently with the UIH path (same kernels, so the same numbers);
         the caller forks ``side`` from the current stream before the first
-        block and joins it after the last (`graphs.two_stream_blocks`)."""
-        if side is not None:
-            return self._two_streams(uih, cand, layout, uih_out, side)
-        qu, ku, vu = self.qkv(self.norm1(uih)).chunk(3, dim=-1)
-        qc = self.qkv(self.norm1(cand)).chunk(3, dim=-1)[0]
-        qu, ku, vu, qc = (self._heads(t) for t in (qu, ku, vu, qc))
-        if uih_out:
-            self_att = attend(qu, ku, vu, layout[0])
-        cross = attend(qc, ku, vu, layout[1])
-        if uih_out:
-            uih = uih + self.proj(self_att.flatten(1))
-        cand = cand + self.proj(cross.flatten(1))
-        if uih_out:
-            uih = uih + self.mlp(self.norm2(uih))
-        return uih, cand + self.mlp(self.norm2(cand))
+        block and joins it after the last (`graphs.run_blocks`)."""
 
-    def _two_streams(
-        self,
-        uih: Tensor,
-        cand: Tensor,
-        layout: tuple[AttentionLayout, AttentionLayout],
-        uih_out: bool,
-        side: torch.cuda.Stream,
-    ) -> tuple[Tensor, Tensor]:
-        with torch.cuda.stream(side):
+        def on_side() -> AbstractContextManager[object]:
+            return torch.cuda.stream(side) if side is not None else nullcontext()
+
+        with on_side():
             qc = self._heads(self.qkv(self.norm1(cand)).chunk(3, dim=-1)[0])
         qu, ku, vu = (self._heads(t) for t in self.qkv(self.norm1(uih)).chunk(3, dim=-1))
-        side.wait_stream(torch.cuda.current_stream())  # the keys and values
-        # Their memory (one storage: the qkv output) must not be reused until the
-        # side stream is done with it (the cross-attention saves them for backward).
-        ku.record_stream(side)
-        with torch.cuda.stream(side):
-            cross = attend(qc, ku, vu, layout[1])
-            cand = cand + self.proj(cross.flatten(1))
+        if side is not None:
+            side.wait_stream(torch.cuda.current_stream())  # the keys and values
+            # Their memory (one storage: the qkv output) must not be reused until the
+            # side stream is done with it (the cross-attention saves them for backward).
+            ku.record_stream(side)
+        with on_side():
+            cand = cand + self.proj(attend(qc, ku, vu, layout[1]).flatten(1))
             cand = cand + self.mlp(self.norm2(cand))
         if uih_out:
             uih = uih + self.proj(attend(qu, ku, vu, layout[0]).flatten(1))
