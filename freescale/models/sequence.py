@@ -28,6 +28,7 @@ from freescale.models.attention import (
     segments,
 )
 from freescale.models.graphs import BlockGraphs
+from freescale.models.small_embedding import SmallEmbedding
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,8 @@ class SequenceModel(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.item_emb = nn.Embedding(cfg.num_items, cfg.dim)
-        self.action_emb = nn.Embedding(cfg.num_actions, cfg.dim)
+        # A handful of rows: its CUDA backward is two kernels, not torch's ~30.
+        self.action_emb = SmallEmbedding(cfg.num_actions, cfg.dim)
         self.dense_proj = nn.Linear(cfg.dense_dim, cfg.dim) if cfg.dense_dim else None
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
         self.head = nn.Sequential(nn.LayerNorm(cfg.dim), nn.Linear(cfg.dim, 1))

@@ -20,7 +20,9 @@ import torch
 
 from freescale.kernels.backend import triton_available
 
-TRITON_MODULES = ("common", "bucketize", "rows", "permute", "dispatch", "collision")
+TRITON_MODULES = (
+    "common", "bucketize", "rows", "permute", "dispatch", "collision", "small_table",
+)  # fmt: skip
 
 
 def _fix_interpreter_loop_bounds() -> None:

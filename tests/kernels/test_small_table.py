@@ -1,0 +1,90 @@
+"""The small-table weight gradient (Triton) against its index_add reference,
+and `SmallEmbedding` against ``nn.Embedding``."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from freescale.kernels.small_table import MAX_ROWS, small_table_grad
+from freescale.models.small_embedding import SmallEmbedding
+
+
+@settings(max_examples=20, deadline=None)
+@given(rows=st.integers(1, MAX_ROWS), dim=st.sampled_from([1, 3, 32, 33, 70]),
+       n=st.integers(0, 300), dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+       seed=st.integers(0, 2**16))  # fmt: skip
+def test_triton_equals_reference_to_rounding(triton_device, rows, dim, n, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    grad = torch.randn(n, dim, generator=g).to(dtype)
+    ids = torch.randint(0, rows, (n,), generator=g)
+    want = small_table_grad(grad, ids, rows, impl="torch")
+    got = small_table_grad(grad.to(triton_device), ids.to(triton_device), rows, impl="triton")
+    assert got.dtype == dtype and got.shape == (rows, dim)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(got.cpu().float(), want.float(), rtol=tol, atol=tol)
+    again = small_table_grad(grad.to(triton_device), ids.to(triton_device), rows, impl="triton")
+    assert torch.equal(got, again)  # same order every run: same bits
+
+
+def test_one_contribution_per_row_is_exact_and_unused_rows_are_zero(triton_device):
+    grad = torch.randn(5, 7)
+    ids = torch.tensor([4, 0, 2, 6, 1])  # rows 3 and 5 unused
+    got = small_table_grad(grad.to(triton_device), ids.to(triton_device), 8, impl="triton").cpu()
+    want = torch.zeros(8, 7)
+    want[ids] = grad
+    assert torch.equal(got, want)
+
+
+def test_int32_ids_and_long_inputs_span_many_programs(triton_device):
+    g = torch.Generator().manual_seed(3)
+    n = 70_000  # more positions than PARTIALS programs x one tile
+    grad = torch.randn(n, 4, generator=g)
+    ids = torch.randint(0, 3, (n,), generator=g, dtype=torch.int32)
+    want = small_table_grad(grad, ids, 3, impl="torch")
+    got = small_table_grad(grad.to(triton_device), ids.to(triton_device), 3, impl="triton")
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-4)
+
+
+def test_a_non_finite_gradient_reaches_its_own_row_only(triton_device):
+    grad = torch.ones(6, 3)
+    grad[2, 1] = float("inf")
+    ids = torch.tensor([0, 1, 1, 0, 2, 1])
+    got = small_table_grad(grad.to(triton_device), ids.to(triton_device), 3, impl="triton").cpu()
+    assert torch.equal(got[0], torch.full((3,), 2.0)) and torch.equal(got[2], torch.ones(3))
+    assert got[1, 1] == float("inf") and torch.equal(got[1, [0, 2]], torch.full((2,), 3.0))
+
+
+def test_bad_inputs_are_rejected():
+    with pytest.raises(ValueError, match="rows"):
+        small_table_grad(torch.zeros(2, 3), torch.zeros(2, dtype=torch.int64), MAX_ROWS + 1)
+    with pytest.raises(ValueError, match="need grad"):
+        small_table_grad(torch.zeros(2, 3), torch.zeros(3, dtype=torch.int64), 4)
+    with pytest.raises(ValueError, match="integers"):
+        small_table_grad(torch.zeros(2, 3), torch.zeros(2), 4)
+
+
+@pytest.mark.parametrize("shape", [(0,), (9,), (3, 4)])
+def test_small_embedding_matches_nn_embedding(triton_device, monkeypatch, shape):
+    """Forward bitwise, weight gradient to rounding, on the Triton path (forced
+    on CPU tensors under the interpreter); the CPU path is nn.Embedding itself."""
+    torch.manual_seed(0)
+    plain = torch.nn.Embedding(5, 6)
+    small = SmallEmbedding(5, 6)
+    small.load_state_dict(plain.state_dict())
+    ids = torch.randint(0, 5, shape)
+    up = torch.randn(*shape, 6)
+    ref = plain(ids)
+    (ref * up).sum().backward()
+    monkeypatch.setenv("FREESCALE_KERNELS", "triton")
+    small = small.to(triton_device)
+    out = small(ids.to(triton_device))
+    assert torch.equal(out.cpu(), ref.detach())
+    (out * up.to(triton_device)).sum().backward()
+    torch.testing.assert_close(small.weight.grad.cpu(), plain.weight.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_small_embedding_falls_back_to_nn_embedding_where_it_must():
+    for m in (SmallEmbedding(MAX_ROWS + 1, 2), SmallEmbedding(4, 2, padding_idx=0)):
+        assert m._plain()
+    assert not SmallEmbedding(MAX_ROWS, 2)._plain()
