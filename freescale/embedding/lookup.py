@@ -43,12 +43,16 @@ class GroupCall:
     requests: list[Request]
     plan: DispatchPlan  # batch-major row j is sent from position plan.positions[j]
     send_slots: Tensor  # local slot on the owner, in send order
-    send_counts: Tensor  # [W] ids per owner (device)
     send: list[int] = field(default_factory=list)
     recv: list[int] = field(default_factory=list)
     recv_slots: Tensor | None = None
     ids_work: Work | None = None  # ids AllToAll issued ahead (sdd), else None
     sorted_recv: tuple[Tensor, Tensor] | None = None  # (recv_slots, sorted): collision links
+
+    @property
+    def send_counts(self) -> Tensor:
+        """[W] ids per owner (device)."""
+        return self.plan.counts
 
     @property
     def sizes(self) -> list[int]:
@@ -60,15 +64,25 @@ class GroupCall:
 
 
 def route(store: ShardStore, requests: list[Request], world_size: int) -> GroupCall:
-    """Owner and local slot of every id of the group, bucketized by owner."""
+    """Owner and local slot of every id of the group, bucketized by owner.
+
+    One rank owns every id as its own slot: no owner tensor and no plan
+    tensors, one copy of the ids (kernels at every step cost GPU idle time)."""
     owners, slots = [], []
     for q in requests:
-        owner, slot = store.shardings[q.slot_table].locate(q.ids)
-        owners.append(owner)
-        slots.append(slot + store.starts[q.slot_table])
-    owner, slot = torch.cat(owners), torch.cat(slots)
-    send_slots, plan = ranged_dispatch(slot, owner, world_size)
-    return GroupCall(store, requests, plan, send_slots, plan.counts)
+        slot = q.ids  # one rank: every id is its own slot (`RowSharding.locate`)
+        if world_size > 1:
+            owner, slot = store.shardings[q.slot_table].locate(q.ids)
+            owners.append(owner)
+        start = store.starts[q.slot_table]
+        slots.append(slot + start if start else slot)
+    slot = slots[0] if len(slots) == 1 else torch.cat(slots)
+    if world_size == 1:
+        if slot is requests[0].ids:  # the caller's may change before backward reads them
+            slot = slot.clone()
+        return GroupCall(store, requests, DispatchPlan.identity(slot.shape[0], slot.device), slot)
+    send_slots, plan = ranged_dispatch(slot, torch.cat(owners), world_size)
+    return GroupCall(store, requests, plan, send_slots)
 
 
 def issue_exchange(comm: Communicator, x: Tensor, send: list[int], recv: list[int]) -> Work:

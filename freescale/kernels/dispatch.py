@@ -13,7 +13,8 @@ undoes it. The plan is built without reading device memory back on the host.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 from torch import Tensor
@@ -52,9 +53,37 @@ class DispatchPlan:
     @staticmethod
     def identity(num_rows: int, device: torch.device) -> DispatchPlan:
         """Every row to rank 0, in place: what a stable sort gives one destination."""
-        counts = torch.full((1,), num_rows, dtype=torch.int64, device=device)
-        plan = DispatchPlan.from_counts(counts, torch.arange(num_rows, device=device))
-        return replace(plan, is_identity=True)
+        return _IdentityPlan(num_rows, device)
+
+
+class _IdentityPlan(DispatchPlan):
+    """`DispatchPlan.identity`: its tensors are built on first use. One rank's
+    lookups place and take back rows without them, so no kernel builds them."""
+
+    def __init__(self, num_rows: int, device: torch.device) -> None:
+        object.__setattr__(self, "_rows", num_rows)
+        object.__setattr__(self, "_device", device)
+        object.__setattr__(self, "is_identity", True)
+
+    @property
+    def world_size(self) -> int:
+        return 1
+
+    @property
+    def num_rows(self) -> int:
+        return self._rows
+
+    @cached_property
+    def counts(self) -> Tensor:  # type: ignore[override]
+        return torch.full((1,), self._rows, dtype=torch.int64, device=self._device)
+
+    @cached_property
+    def offsets(self) -> Tensor:  # type: ignore[override]
+        return ops.lengths_to_offsets(self.counts)
+
+    @cached_property
+    def positions(self) -> Tensor:  # type: ignore[override]
+        return torch.arange(self._rows, device=self._device)
 
 
 def ranged_dispatch(

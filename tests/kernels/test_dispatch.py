@@ -181,7 +181,10 @@ def test_identity_plan_places_and_takes_back_rows_as_they_are():
 
     values = torch.randn(7, 3)
     plan = DispatchPlan.identity(7, values.device)
-    assert plan.is_identity
+    assert plan.is_identity and plan.num_rows == 7 and plan.world_size == 1
+    assert not {"counts", "offsets", "positions"} & set(vars(plan))  # built on first use only
+    assert plan.counts.tolist() == [7] and plan.offsets.tolist() == [0, 7]
+    assert torch.equal(plan.positions, torch.arange(7))
     assert apply_dispatch(values, plan) is values and ranged_combine(values, plan) is values
     assert torch.equal(apply_dispatch_reference(values, plan), values)
     assert torch.equal(ranged_combine_reference(values, plan), values)
