@@ -160,7 +160,7 @@ def _apply_kernel(
     FAN: tl.constexpr,
 ):
     p0 = tl.program_id(0).to(tl.int64)
-    r = tl.load(sorted_slots + p0)
+    r = tl.load(sorted_slots + p0).to(tl.int64)  # int32 keys: r * D must not overflow
     act = tl.load(sorted_slots + p0 - 1, mask=p0 > 0, other=-1) != r  # a run starts here
     if SKIP:  # the step's non-finite flag, read on the device
         act = act & (tl.load(skip) == 0)
@@ -256,7 +256,9 @@ def sparse_update(
     if n == 0:
         return
     check_launchable(_apply_kernel, weight.device)
-    sorted_slots, order = torch.sort(slots, stable=True)
+    # 32-bit keys where the table allows: half the radix sort's passes, same order.
+    keys = slots.to(torch.int32) if weight.shape[0] <= torch.iinfo(torch.int32).max else slots
+    sorted_slots, order = torch.sort(keys, stable=True)
     partial = torch.empty((n, D), dtype=torch.float32, device=slots.device)
     BLOCK_D = next_pow2(D)
     _piece_sums_kernel[(cdiv(n, CHUNK),)](
