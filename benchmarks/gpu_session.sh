@@ -17,7 +17,8 @@
 #   b32g/b128g (graphs grid keeping the 2k traces), diag32/waits32 (where the
 #   batch-32 steps idle: trace gaps, sync_debug waits, cProfile), split32
 #   (freescale's prioritized split kept at one rank: prioritize=on), r2k32
-#   (UIH 2k batch 32, median of 3 runs per mode), t2k32 (the same as 3 grids, traces kept).
+#   (UIH 2k batch 32, median of 3 runs per mode), t2k32 (the same as 3 grids, traces kept),
+#   smalltable (benchmarks/small_table.py: the small-table gradient and column sums vs torch).
 # Everything runs from the checkout (PYTHONPATH). Sweep outputs are packed
 # into one .tgz per part (the device returns at most 8 files).
 set -uo pipefail
@@ -55,6 +56,8 @@ for part in "$@"; do
     updatebits)  # the compiled update vs a base version (benchmarks/base_update.py, untracked)
       timeout 200 python3 benchmarks/update_bitwise.py --base-file benchmarks/base_update.py \
         --cases 300 --time 2>&1 | tee "$out/update-bitwise.log" | tail -12 ;;
+    smalltable)  # issue 18: small-table gradient, column sums and Linear vs torch (µs)
+      timeout 120 python3 benchmarks/small_table.py --out "$out/small-table-1xH200.md" 2>&1 | tail -12 ;;
     kernels)
       timeout 200 python3 benchmarks/kernels.py --out "$out/kernels_1xH200.md" 2>&1 \
         | grep -E "^target|copy bandwidth" ;;

@@ -9,18 +9,18 @@ from torch import Tensor
 
 from freescale.kernels.triton_common import cdiv, check_launchable, next_pow2
 
-BLOCK_D = 32
 PARTIALS = 512  # programs along the positions: enough to fill the GPU, few to add up
+TILE = 8192  # elements of a program's select tile [ROWS, BLOCK_T, BLOCK_D]
 
 
 @triton.jit(do_not_specialize=["n", "per_program"])
 def _partials_kernel(
     ids, grad, partial, n, D, per_program, ROWS: tl.constexpr, BLOCK_T: tl.constexpr,
-    BLOCK_D: tl.constexpr,
+    BLOCK_D: tl.constexpr, HAS_IDS: tl.constexpr,
 ):  # fmt: skip
     """``partial[p, r, cols]``: the sum of the gradient rows of id ``r`` among
     positions ``[p * per_program, (p + 1) * per_program)``, in position order
-    by tiles of ``BLOCK_T``."""
+    by tiles of ``BLOCK_T``. Without ids (``HAS_IDS`` false) every position is row 0."""
     p = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     col_ok = cols < D
@@ -30,13 +30,16 @@ def _partials_kernel(
     for t0 in range(0, per_program, BLOCK_T):
         pos = start + t0 + tl.arange(0, BLOCK_T)
         ok = pos < n
-        idx = tl.load(ids + pos, mask=ok, other=-1)
         g = tl.load(
             grad + pos[:, None] * D + cols[None, :], mask=ok[:, None] & col_ok[None, :], other=0.0
         ).to(tl.float32)
-        # A select, not a one-hot product: a non-finite gradient reaches its own row only.
-        picked = tl.where(table_rows[:, None, None] == idx[None, :, None], g[None, :, :], 0.0)
-        acc += tl.reduce(picked, 1, tl.standard._sum_combine)
+        if HAS_IDS:
+            idx = tl.load(ids + pos, mask=ok, other=-1)
+            # A select, not a one-hot product: a non-finite gradient reaches its own row only.
+            picked = tl.where(table_rows[:, None, None] == idx[None, :, None], g[None, :, :], 0.0)
+            acc += tl.reduce(picked, 1, tl.standard._sum_combine)
+        else:  # every position is row 0: column sums
+            acc += tl.reduce(g, 0, tl.standard._sum_combine)[None, :]
     out = partial + (p.to(tl.int64) * ROWS + table_rows[:, None]) * D + cols[None, :]
     tl.store(out, acc, mask=col_ok[None, :])
 
@@ -45,7 +48,9 @@ def _partials_kernel(
 def _totals_kernel(
     partial, out, programs, D, ROWS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr
 ):
-    """``out[r, cols]``: row ``r``'s partials added in program order, by tiles of ``BLOCK_P``."""
+    """``out[r, cols]``: row ``r``'s partials added in program order, by tiles of
+    ``BLOCK_P`` (one tile at most `PARTIALS` programs: a loop of loads in a chain
+    would pay the memory latency once per tile)."""
     r = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     col_ok = cols < D
@@ -58,22 +63,24 @@ def _totals_kernel(
     tl.store(out + r * D + cols, acc.to(out.dtype.element_ty), mask=col_ok)
 
 
-def small_table_grad_triton(grad: Tensor, ids: Tensor, rows: int) -> Tensor:
+def small_table_grad_triton(grad: Tensor, ids: Tensor | None, rows: int) -> Tensor:
+    """`small_table_grad`; ``ids=None``: every position is row 0 (``rows == 1``)."""
     n, D = grad.shape
     out = torch.empty(rows, D, dtype=grad.dtype, device=grad.device)
     if n == 0 or D == 0:
         return out.zero_()
     check_launchable(_partials_kernel, grad.device)
     ROWS = next_pow2(rows)
-    BLOCK_T = max(1, 128 // ROWS)  # a [ROWS, BLOCK_T, BLOCK_D] select tile of 4K floats
+    BLOCK_D = min(128, next_pow2(D))  # 256 contiguous bytes of a bf16 row per load
+    BLOCK_T = max(1, TILE // (ROWS * BLOCK_D))
     per_program = BLOCK_T * cdiv(n, BLOCK_T * PARTIALS)
     programs = cdiv(n, per_program)
     partial = torch.empty(programs, ROWS, D, dtype=torch.float32, device=grad.device)
     _partials_kernel[(programs, cdiv(D, BLOCK_D))](
-        ids.contiguous(), grad.contiguous(), partial, n, D, per_program,
-        ROWS=ROWS, BLOCK_T=BLOCK_T, BLOCK_D=BLOCK_D,
+        grad if ids is None else ids.contiguous(), grad.contiguous(), partial, n, D, per_program,
+        ROWS=ROWS, BLOCK_T=BLOCK_T, BLOCK_D=BLOCK_D, HAS_IDS=ids is not None,
     )  # fmt: skip
-    _totals_kernel[(rows, cdiv(D, BLOCK_D))](
-        partial, out, programs, D, ROWS=ROWS, BLOCK_P=32, BLOCK_D=BLOCK_D
+    _totals_kernel[(rows, cdiv(D, 32))](
+        partial, out, programs, D, ROWS=ROWS, BLOCK_P=PARTIALS, BLOCK_D=32, num_warps=8
     )
     return out

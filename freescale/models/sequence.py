@@ -28,6 +28,7 @@ from freescale.models.attention import (
     segments,
 )
 from freescale.models.graphs import BlockGraphs
+from freescale.models.linear import Linear
 from freescale.models.small_embedding import SmallEmbedding
 
 
@@ -65,9 +66,10 @@ class Block(nn.Module):
         super().__init__()
         d, self.heads, self.impl = cfg.dim, cfg.heads, cfg.attention
         self.norm1, self.norm2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        # `Linear`: no memset node per bias gradient in the blocks' CUDA graphs.
+        self.qkv, self.proj = Linear(d, 3 * d), Linear(d, d)
         self.mlp = nn.Sequential(
-            nn.Linear(d, cfg.mlp_ratio * d), nn.GELU(), nn.Linear(cfg.mlp_ratio * d, d)
+            Linear(d, cfg.mlp_ratio * d), nn.GELU(), Linear(cfg.mlp_ratio * d, d)
         )
 
     def _heads(self, x: Tensor) -> Tensor:

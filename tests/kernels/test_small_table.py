@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from freescale.kernels.small_table import MAX_ROWS, small_table_grad
+from freescale.kernels.small_table import MAX_ROWS, column_sums, small_table_grad
 from freescale.models.small_embedding import SmallEmbedding
 
 
@@ -43,6 +43,16 @@ def test_int32_ids_and_long_inputs_span_many_programs(triton_device):
     ids = torch.randint(0, 3, (n,), generator=g, dtype=torch.int32)
     want = small_table_grad(grad, ids, 3, impl="torch")
     got = small_table_grad(grad.to(triton_device), ids.to(triton_device), 3, impl="triton")
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-4)
+
+
+def test_programs_that_loop_over_several_tiles(triton_device):
+    """32 rows x 128 columns: tiles of 2 positions, so each program adds 5 tiles."""
+    g = torch.Generator().manual_seed(4)
+    grad = torch.randn(5000, 128, generator=g)
+    ids = torch.randint(0, 32, (5000,), generator=g)
+    want = small_table_grad(grad, ids, 32, impl="torch")
+    got = small_table_grad(grad.to(triton_device), ids.to(triton_device), 32, impl="triton")
     torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-4)
 
 
@@ -88,3 +98,24 @@ def test_small_embedding_falls_back_to_nn_embedding_where_it_must():
     for m in (SmallEmbedding(MAX_ROWS + 1, 2), SmallEmbedding(4, 2, padding_idx=0)):
         assert m._plain()
     assert not SmallEmbedding(MAX_ROWS, 2)._plain()
+
+
+@settings(max_examples=15, deadline=None)
+@given(rows=st.integers(0, 3000), dim=st.sampled_from([1, 5, 32, 96]),
+       dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+       seed=st.integers(0, 2**16))  # fmt: skip
+def test_column_sums_equal_reference_to_rounding(triton_device, rows, dim, dtype, seed):
+    x = torch.randn(rows, dim, generator=torch.Generator().manual_seed(seed)).to(dtype)
+    want = column_sums(x, impl="torch")
+    got = column_sums(x.to(triton_device), impl="triton")
+    assert got.dtype == dtype and got.shape == (dim,)
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.cpu().float(), want.float(), rtol=tol, atol=tol)
+    assert torch.equal(got, column_sums(x.to(triton_device), impl="triton"))
+
+
+def test_column_sums_of_programs_that_loop_over_several_tiles(triton_device):
+    """70,000 x 128: 512 programs of 3 tiles of 64 rows (the bias gradient's shape class)."""
+    x = torch.randn(70_000, 128, generator=torch.Generator().manual_seed(5))
+    got = column_sums(x.to(triton_device), impl="triton").cpu()
+    torch.testing.assert_close(got, column_sums(x, impl="torch"), rtol=1e-5, atol=1e-3)
