@@ -221,8 +221,9 @@ def load_tables(
 
 
 def _named(store: ShardStore, weights: bool) -> dict[str, Tensor]:
+    state = store.optimizer_state()  # after the last update (`ShardStore.join_update`)
     named = {"weight": store.weight} if weights else {}
-    named.update({"optimizer." + k: v for k, v in store.optimizer_state().items()})
+    named.update({"optimizer." + k: v for k, v in state.items()})
     return named
 
 

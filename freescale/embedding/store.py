@@ -14,6 +14,7 @@ scrambling rows. A ``layout`` tensor guards against a changed assignment.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import deque
 from collections.abc import Sequence
@@ -73,6 +74,7 @@ class ShardStore(nn.Module):
         # First slot of every table but the first: a slot's table is a bucketize.
         bounds = torch.tensor(self.starts[1:], dtype=torch.int64, device=device)
         self.register_buffer("table_bounds", bounds, persistent=False)
+        self._update_done: torch.cuda.Event | None = None  # the last fused update (`join_update`)
 
     # ---- construction --------------------------------------------------------
     def _init_weight(self, device: torch.device, seed: int) -> Tensor:
@@ -99,7 +101,16 @@ class ShardStore(nn.Module):
 
     # ---- training ------------------------------------------------------------
     def lookup(self, slots: Tensor) -> Tensor:
+        self.join_update()
         return gather_rows(self.weight, slots)
+
+    def join_update(self) -> None:
+        """Order the current stream after the last fused update (`_apply_fused`
+        runs it on a side stream). Every read of the rows or the optimizer state
+        here (lookup, state dict, table views) calls this; a device-side wait,
+        the host does not block."""
+        if self._update_done is not None:
+            torch.cuda.current_stream(self.weight.device).wait_event(self._update_done)
 
     def apply_gradients(
         self, slots: Tensor, grads: Tensor, tables: Sequence[int], skip: Tensor | None = None
@@ -185,7 +196,13 @@ class ShardStore(nn.Module):
         skip: Tensor | None,
     ) -> None:
         """The GPU path: sums and update in Triton, with no host read-back (a
-        device-to-host read here would stall the host in the middle of backward)."""
+        device-to-host read here would stall the host in the middle of backward).
+
+        It runs on a side stream, forked here: the work queued after backward
+        (the dense optimizer step, the skip flags, the metrics) runs beside it
+        and fills the gaps between its small kernels. Same kernels on the same
+        inputs in the same order, so the same numbers; readers wait for it
+        (`join_update`)."""
         if len(set(per_table)) == 1:
             lr, b1, b2 = per_table[0]
             scalars: dict[str, Any] = {"lr": lr, "bc": (b1, b2)}
@@ -193,18 +210,27 @@ class ShardStore(nn.Module):
             by_kind = torch.tensor(list(zip(*per_table, strict=True)), dtype=torch.float32)
             cols = host_to_device(by_kind, self.weight.device)  # rows: lr, bc1, bc2
             scalars = {"lr": cols[0], "bc": (cols[1], cols[2]), "table_bounds": self.table_bounds}
-        triton_module("update").sparse_update(
-            self.weight,
-            list(self.optimizer_state().values()),
-            slots,
-            grads,
-            frozen=self.frozen_slots,
-            skip=skip,
-            **self.optimizer.kernel_spec(),
-            **scalars,
-        )
+        state = list(self.optimizer_state().values())
+        side = _update_stream(self.weight.device) if self.weight.is_cuda else None
+        if side is not None:  # (the Triton interpreter runs on CPU tensors, in order)
+            side.wait_stream(torch.cuda.current_stream(self.weight.device))
+        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+            triton_module("update").sparse_update(
+                self.weight, state, slots, grads, frozen=self.frozen_slots, skip=skip,
+                **self.optimizer.kernel_spec(), **scalars,
+            )  # fmt: skip
+        if side is None:
+            return
+        self._update_done = torch.cuda.Event()
+        self._update_done.record(side)
+        # Made on the main stream, read on the side one: the allocator must not
+        # hand their memory out again before the side stream is done with them.
+        for t in (slots, grads, skip, *scalars.values(), *scalars.get("bc", ())):
+            if isinstance(t, Tensor):
+                t.record_stream(side)
 
     def optimizer_state(self) -> dict[str, Tensor]:
+        self.join_update()
         return {name: getattr(self, name) for name in self.state_names}
 
     def _per_table_scalars(self, steps: Sequence[int]) -> list[tuple[float, float, float]]:
@@ -238,11 +264,13 @@ class ShardStore(nn.Module):
         self._host_steps[t] = step
 
     def table_slice(self, t: int, tensor: Tensor) -> Tensor:
+        self.join_update()
         start = self.starts[t]
         return tensor[start : start + self.shardings[t].local_rows]
 
     # ---- state dict ----------------------------------------------------------
     def _tensors(self) -> dict[str, Tensor]:
+        self.join_update()
         named = {"weight": self.weight, "steps": self.steps}
         named.update(self.optimizer_state())
         named["layout"] = self._layout()
@@ -297,3 +325,13 @@ class ShardStore(nn.Module):
         # (e.g. another rank's shard).
         ours = {self._key(prefix, n) for n in tensors}
         unexpected_keys.extend(k for k in state_dict if k.startswith(prefix) and k not in ours)
+
+
+_UPDATE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def _update_stream(device: torch.device) -> torch.cuda.Stream:
+    """The fused updates' side stream, one per device."""
+    if device not in _UPDATE_STREAMS:
+        _UPDATE_STREAMS[device] = torch.cuda.Stream(device)
+    return _UPDATE_STREAMS[device]

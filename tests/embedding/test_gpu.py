@@ -45,3 +45,39 @@ def test_cuda_duplicate_sum_of_hot_rows_is_reproducible():
         0, rows.cpu(), grads.cpu().double()
     )
     torch.testing.assert_close(summed.cpu().double(), expect[unique.cpu()], rtol=1e-3, atol=1e-2)
+
+
+def _store():
+    from freescale.embedding.config import TableConfig
+    from freescale.embedding.optim import RowwiseAdagrad
+    from freescale.embedding.store import ShardStore
+    from freescale.kernels.shard import RowSharding
+
+    sizes = (("a", 300_000), ("b", 999))
+    tables = [TableConfig(name, rows, 64, torch.float32) for name, rows in sizes]
+    shardings = [RowSharding(t.rows, 1) for t in tables]
+    return ShardStore(tables, shardings, RowwiseAdagrad(lr=0.05), 0, torch.device("cuda"), seed=3)
+
+
+def test_cuda_update_on_its_side_stream_equals_it_inline_and_readers_wait(monkeypatch):
+    """The fused update runs on a side stream (`ShardStore._apply_fused`): the
+    same bits as run on the current stream, and a lookup queued right after
+    it, a table view and the state dict see the updated rows."""
+    import freescale.embedding.store as store_module
+
+    side, inline = _store(), _store()
+    g = torch.Generator().manual_seed(0)
+    for step in range(4):
+        slots = torch.randint(0, 300_999, (400_000,), generator=g).cuda()
+        grads = torch.randn(400_000, 64, generator=g).cuda()
+        side.apply_gradients(slots, grads, [0, 1])
+        got = side.lookup(slots[:1000])  # queued at once: must wait for the side stream
+        monkeypatch.setattr(store_module, "_update_stream", torch.cuda.current_stream)
+        inline.apply_gradients(slots, grads, [0, 1])
+        monkeypatch.undo()
+        assert torch.equal(got, inline.lookup(slots[:1000])), step
+        assert torch.equal(side.table_slice(0, side.weight), inline.table_slice(0, inline.weight))
+    assert side._update_done is not None
+    want = inline.state_dict()
+    for key, value in side.state_dict().items():
+        assert torch.equal(value, want[key]), key
