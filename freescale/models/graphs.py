@@ -257,14 +257,18 @@ def _side_stream() -> torch.cuda.Stream:
 class _Replay(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, cap: _Captured, owner: BlockGraphs | None, uih: Tensor, cand: Tensor,
-                cu_u: Tensor, cu_c: Tensor, *params: Tensor) -> Tensor:  # type: ignore[override]  # fmt: skip
+                uih_offsets: Tensor, cand_offsets: Tensor, *params: Tensor) -> Tensor:  # type: ignore[override]  # fmt: skip
         for static, x in ((cap.inputs[0], uih), (cap.inputs[1], cand)):
             static[: x.shape[0]].copy_(x)
             # Padding rows must be finite (they meet zero gradients in the weight
             # GEMMs): zeros, not what an earlier step left in the shared buffer.
             static[x.shape[0] :].zero_()
-        cap.inputs[2].copy_(cu_u)
-        cap.inputs[3].copy_(cu_c)
+        # The boundaries written in place: what `padded_offsets` builds, without its
+        # temporaries (kernels at every step cost GPU idle time at small batches).
+        for static, offsets, n in ((cap.inputs[2], uih_offsets, uih.shape[0]),
+                                   (cap.inputs[3], cand_offsets, cand.shape[0])):  # fmt: skip
+            static[: offsets.numel()].copy_(offsets)
+            static[offsets.numel() :].fill_(n)
         cap.fwd.replay()
         ctx.cap, ctx.owner, ctx.rows = cap, owner, (uih.shape[0], cand.shape[0])
         return cap.out[: cand.shape[0]].detach()  # valid until the next replay
@@ -321,17 +325,17 @@ class BlockGraphs:
         samples = uih_offsets.numel() - 1
         b = Bucket.of(n_u, n_c, samples, uih.dtype, amp, self.candidate_rows, self.segments)
         self.candidate_rows, self.segments = b.candidates, b.segments
-        cu_u, cu_c = padded_offsets(uih_offsets, cand_offsets, n_u, n_c, b)
         self.max_uih = max(self.max_uih, bucket(max_uih))
         self.max_candidates = max(self.max_candidates, bucket(max_candidates))
         self.reclaim_grads()
         cap = self.graphs.get(b)
         if cap is None or cap.max_uih < max_uih or cap.max_candidates < max_candidates:
+            cu_u, cu_c = padded_offsets(uih_offsets, cand_offsets, n_u, n_c, b)
             cap = self._capture(b, uih, cand, cu_u, cu_c)
         self.graphs.move_to_end(b)
         if self.own_grads and (uih.requires_grad or cand.requires_grad):
-            return _Replay.apply(cap, self, uih, cand, cu_u, cu_c)
-        return _Replay.apply(cap, None, uih, cand, cu_u, cu_c, *cap.params)
+            return _Replay.apply(cap, self, uih, cand, uih_offsets, cand_offsets)
+        return _Replay.apply(cap, None, uih, cand, uih_offsets, cand_offsets, *cap.params)
 
     def lend_grads(self, cap: _Captured) -> None:
         """Each parameter's ``.grad`` becomes (or, if it has one, adds) its graph
