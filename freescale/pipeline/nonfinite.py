@@ -39,7 +39,7 @@ def skip_flags(
     tables, here = guard.step_flag(), guard.seen_here()
     tables = dense.new_zeros(()) if tables is None else tables
     here = dense.new_zeros(()) if here is None else here
-    return torch.stack([tables | dense, dense & ~tables, here])
+    return torch.stack([tables | dense, dense > tables, here])  # > : dense and not tables
 
 
 class NonFiniteCount:

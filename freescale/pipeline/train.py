@@ -358,10 +358,10 @@ class Trainer:
             bce, flags = self._train_step(batch, info)
             collision = self.schedule.collision_counts() if step + 1 < cfg.steps else None
             self.timer.add_interval("step", step_start, self.timer.mark())
-            on_device = [bce.double().reshape(1), flags.double()]
+            on_device = [bce.reshape(1), flags]
             if math.isnan(info.positives):  # labels moved with the balanced samples
                 on_device.append(batch.labels.sum().double().reshape(1))
-            values = torch.cat(on_device)
+            values = torch.cat(on_device).double()  # fp32, bools (and fp64): exact in fp64
             record = StepRecord(step, info, read_later(values), self.timer.take(), handle)
             if collision is not None:
                 record.collision = read_later(collision)
