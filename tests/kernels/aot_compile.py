@@ -28,6 +28,7 @@ import freescale.kernels.triton_common as common
 import freescale.kernels.triton_dispatch as dispatch
 import freescale.kernels.triton_permute as permute
 import freescale.kernels.triton_rows as rows
+import freescale.kernels.triton_small_table as small_table
 import freescale.kernels.triton_update as update
 
 Variant = tuple[str, object, dict, dict[str, object]]
@@ -95,17 +96,18 @@ def variants(quick: bool = False) -> Iterator[Variant]:
         ptrs = {"ids": dtype, "owner": i64, "local": dtype}
         consts = {"HASHED": hashed, "BLOCK": bucketize.BLOCK}
         yield f"bucketize {dtype} hashed={hashed}", bucketize._bucketize_kernel, ptrs, consts
-    for gtype in ("*fp32", "*bf16"):
-        ptrs = {"order": i64, "sorted_slots": i64, "grads": gtype, "partial": "*fp32"}
+    # Sorted slots are int32 keys unless a table has more rows than int32 holds.
+    for gtype, ktype in itertools.product(("*fp32", "*bf16"), ("*i32", i64)):
+        ptrs = {"order": i64, "sorted_slots": ktype, "grads": gtype, "partial": "*fp32"}
         consts = {"CHUNK": update.CHUNK, "BLOCK_D": 256}
-        yield f"update.piece_sums {gtype}", update._piece_sums_kernel, ptrs, consts
+        yield f"update.piece_sums {gtype} {ktype}", update._piece_sums_kernel, ptrs, consts
     for (kind, code), wtype, per_row, decay, skip in itertools.product(
         update.KINDS.items(), ("*fp32", "*bf16"), (False, True),
         (0, *update.DECAY_MODES.values()), (False, True),
     ):  # fmt: skip
         if quick and skip and (per_row or decay):
             continue
-        ptrs = {"sorted_slots": i64, "frozen": i64, "skip": "*u8", "partial": "*fp32",
+        ptrs = {"sorted_slots": "*i32", "frozen": i64, "skip": "*u8", "partial": "*fp32",
                 "weight": wtype, "state1": "*fp32", "state2": "*fp32", "lr_tables": "*fp32",
                 "b1_tables": "*fp32", "b2_tables": "*fp32", "table_bounds": i64, "lr": "fp32",
                 "bc1": "fp32", "bc2": "fp32", "eps": "fp32", "beta1": "fp32", "beta2": "fp32",
@@ -121,6 +123,18 @@ def variants(quick: bool = False) -> Iterator[Variant]:
         }
         name = f"update.apply {kind} {wtype} per_row={per_row} decay={decay} skip={skip}"
         yield name, update._apply_kernel, ptrs, consts
+    for (rows_, has_ids), gtype in itertools.product(
+        ((1, False), (4, True), (32, True)), ("*fp32", "*bf16")
+    ):
+        block_d = 128
+        consts = {"ROWS": rows_, "BLOCK_T": max(1, small_table.TILE // (rows_ * block_d)),
+                  "BLOCK_D": block_d, "HAS_IDS": has_ids}  # fmt: skip
+        ptrs = {"ids": i64 if has_ids else gtype, "grad": gtype, "partial": "*fp32"}
+        name = f"small_table.partials rows={rows_} {gtype}"
+        yield name, small_table._partials_kernel, ptrs, consts
+        consts = {"ROWS": rows_, "BLOCK_P": small_table.PARTIALS, "BLOCK_D": 32}
+        ptrs = {"partial": "*fp32", "out": gtype}
+        yield f"small_table.totals rows={rows_} {gtype}", small_table._totals_kernel, ptrs, consts
     for dtype in ("*i32", i64):
         ptrs = {"now": dtype, "nxt": dtype, "now_to_next": i64, "next_to_now": i64}
         consts = {"BLOCK": collision.BLOCK}
