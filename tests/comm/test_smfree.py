@@ -139,8 +139,15 @@ def test_dead_or_stalled_peer_is_named_within_the_timeout(backend, how, tmp_path
 def _segments_are_freed() -> dict:
     before = set(os.listdir(SHM_DIR))
     comm = make_communicator("smfree-shm", "cpu", pool_bytes=1 << 20)
-    during = {f for f in set(os.listdir(SHM_DIR)) - before if "freescale" in f}
-    comm.all_gather(torch.zeros(3)).wait()
+    comm.all_gather(torch.zeros(3)).wait()  # every peer has mapped every segment
+    # Each creator unlinks its segment once the peers confirmed their mapping;
+    # a peer's unlink may trail this rank's return by a moment (seen under load).
+    deadline = time.monotonic() + 5.0
+    while True:
+        during = {f for f in set(os.listdir(SHM_DIR)) - before if "freescale" in f}
+        if not during or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
     thread = comm._worker.thread
     comm.close()
     comm.close()  # idempotent
