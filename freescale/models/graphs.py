@@ -40,6 +40,7 @@ import torch
 from torch import Tensor, nn
 
 from freescale.models.attention import AttentionLayout, Segments
+from freescale.models.linear import graph_body
 
 SIZES_PER_OCTAVE = 8
 
@@ -138,7 +139,8 @@ class PaddedBlocks(nn.Module):
             AttentionLayout(impl, sc, su, False, no_keys, q_pad=pad_c, k_pad=pad_u),
         )
         side = _side_stream() if uih.is_cuda and self.two_streams else None
-        return run_blocks(self.blocks, uih, cand, layout, side)
+        with graph_body():  # the blocks' bias gradients without memset nodes
+            return run_blocks(self.blocks, uih, cand, layout, side)
 
 
 def run_blocks(

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from freescale.models.linear import Linear
+from freescale.models.linear import Linear, graph_body
 
 
 @pytest.mark.parametrize("rows", [0, 1, 37, 300])
@@ -21,8 +21,9 @@ def test_linear_matches_nn_linear(triton_device, monkeypatch, rows):
     with amp:
         want = plain(xs[0])
     monkeypatch.setenv("FREESCALE_KERNELS", "triton")
-    with amp:
+    with amp, graph_body():
         got = ours(xs[1])
+    assert got.grad_fn.name() == "_LinearBackward"
     assert got.dtype == want.dtype and torch.equal(got, want)
     (want.float() * up).sum().backward()
     (got.float() * up).sum().backward()
@@ -33,8 +34,25 @@ def test_linear_matches_nn_linear(triton_device, monkeypatch, rows):
     assert ours.weight.grad.dtype == torch.float32 and ours.bias.grad.dtype == torch.float32
 
 
-def test_linear_without_bias_or_triton_is_nn_linear():
-    x = torch.randn(5, 4)
-    m = Linear(4, 3)
-    assert torch.equal(m(x), torch.nn.functional.linear(x, m.weight, m.bias))
-    assert Linear(4, 3, bias=False)(x).grad_fn.name() != "_LinearBackward"
+def test_linear_is_nn_linear_outside_graph_bodies_without_bias_or_for_fp64(
+    triton_device, monkeypatch
+):
+    monkeypatch.setenv("FREESCALE_KERNELS", "triton")
+    x = torch.randn(5, 4, device=triton_device)
+    m = Linear(4, 3).to(triton_device)
+    assert m(x).grad_fn.name() == "AddmmBackward0"  # an eager step: torch's own
+    with graph_body():
+        assert Linear(4, 3, bias=False).to(triton_device)(x).grad_fn.name() == "MmBackward0"
+        assert m.double()(x.double()).grad_fn.name() == "AddmmBackward0"
+        assert m.float()(x).grad_fn.name() == "_LinearBackward"
+
+
+def test_a_frozen_weight_or_input_saves_and_returns_only_what_is_needed(triton_device, monkeypatch):
+    monkeypatch.setenv("FREESCALE_KERNELS", "triton")
+    m = Linear(4, 3).to(triton_device)
+    m.weight.requires_grad_(False)
+    x = torch.randn(6, 4, device=triton_device, requires_grad=True)
+    with graph_body():
+        m(x).sum().backward()
+    assert m.weight.grad is None and x.grad.shape == x.shape and m.bias.grad.shape == (3,)
+    torch.testing.assert_close(m.bias.grad.cpu(), torch.full((3,), 6.0))
