@@ -109,8 +109,20 @@ class ShardStore(nn.Module):
         runs it on a side stream). Every read of the rows or the optimizer state
         here (lookup, state dict, table views) calls this; a device-side wait,
         the host does not block."""
-        if self._update_done is not None:
+        if self._update_done is not None and self.weight.is_cuda:
             torch.cuda.current_stream(self.weight.device).wait_event(self._update_done)
+
+    def _apply(self, fn: Any, recurse: bool = True) -> ShardStore:
+        """``.to()``, ``.cpu()``, ...: the tensors are read after the last update."""
+        self.join_update()
+        self._update_done = None  # an event of the old device
+        return super()._apply(fn, recurse)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickling and deep copies read the tensors after the last update; the
+        CUDA event itself does not travel."""
+        self.join_update()
+        return {**self.__dict__, "_update_done": None}
 
     def apply_gradients(
         self, slots: Tensor, grads: Tensor, tables: Sequence[int], skip: Tensor | None = None
