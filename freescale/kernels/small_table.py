@@ -26,7 +26,8 @@ MAX_ROWS = 32  # larger tables: torch's sort-based backward (the Triton tile gro
 def small_table_grad(grad: Tensor, ids: Tensor, rows: int, *, impl: str | None = None) -> Tensor:
     """``[rows, D]`` weight gradient of ``table[ids]`` given its output gradient ``[N, D]``.
 
-    ``ids`` must lie in ``[0, rows)`` (a lookup with other ids fails in forward).
+    ``ids`` must lie in ``[0, rows)`` (a lookup with other ids fails in forward;
+    the Triton path would leave them out).
     The result has ``grad``'s dtype, summed in fp32."""
     if grad.dim() != 2 or ids.dim() != 1 or grad.shape[0] != ids.shape[0]:
         raise ValueError(
@@ -34,6 +35,8 @@ def small_table_grad(grad: Tensor, ids: Tensor, rows: int, *, impl: str | None =
         )
     if ids.dtype.is_floating_point or ids.dtype == torch.bool:
         raise ValueError(f"ids must be integers, got {ids.dtype}")
+    if ids.device != grad.device:
+        raise ValueError(f"ids on {ids.device} but grad on {grad.device}")
     if not 1 <= rows <= MAX_ROWS:
         raise ValueError(f"rows must be in [1, {MAX_ROWS}], got {rows}")
     if choose_impl(impl, grad.device) == "triton":

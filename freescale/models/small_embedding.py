@@ -18,7 +18,7 @@ class SmallEmbedding(nn.Embedding):
     `freescale.kernels.small_table`: two kernels and bitwise reproducible,
     where torch's sort-based backward launches ~30 and sums with atomics.
     Elsewhere (the CPU, more than ``MAX_ROWS`` rows, padding_idx, max_norm,
-    frequency scaling, sparse gradients) it is ``nn.Embedding`` itself."""
+    frequency scaling, sparse gradients, fp64) it is ``nn.Embedding`` itself."""
 
     def forward(self, ids: Tensor) -> Tensor:
         if self._plain() or choose_impl(None, self.weight.device) != "triton":
@@ -32,6 +32,7 @@ class SmallEmbedding(nn.Embedding):
             or self.max_norm is not None
             or self.scale_grad_by_freq
             or self.sparse
+            or self.weight.dtype == torch.float64  # the kernels sum in fp32
         )
 
 

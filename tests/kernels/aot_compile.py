@@ -123,14 +123,17 @@ def variants(quick: bool = False) -> Iterator[Variant]:
         }
         name = f"update.apply {kind} {wtype} per_row={per_row} decay={decay} skip={skip}"
         yield name, update._apply_kernel, ptrs, consts
-    for (rows_, has_ids), gtype in itertools.product(
-        ((1, False), (4, True), (32, True)), ("*fp32", "*bf16")
+        if (kind, wtype, per_row, decay, skip) == ("sgd", "*fp32", False, 0, False):
+            # Tables of more rows than int32 holds keep int64 sort keys.
+            yield name + " i64 keys", update._apply_kernel, ptrs | {"sorted_slots": i64}, consts
+    for (rows_, ids), gtype in itertools.product(
+        ((1, None), (4, i64), (4, "*i32"), (32, i64)), ("*fp32", "*bf16")
     ):
         block_d = 128
         consts = {"ROWS": rows_, "BLOCK_T": max(1, small_table.TILE // (rows_ * block_d)),
-                  "BLOCK_D": block_d, "HAS_IDS": has_ids}  # fmt: skip
-        ptrs = {"ids": i64 if has_ids else gtype, "grad": gtype, "partial": "*fp32"}
-        name = f"small_table.partials rows={rows_} {gtype}"
+                  "BLOCK_D": block_d, "HAS_IDS": ids is not None}  # fmt: skip
+        ptrs = {"ids": ids or gtype, "grad": gtype, "partial": "*fp32"}
+        name = f"small_table.partials rows={rows_} ids={ids} {gtype}"
         yield name, small_table._partials_kernel, ptrs, consts
         consts = {"ROWS": rows_, "BLOCK_P": small_table.PARTIALS, "BLOCK_D": 32}
         ptrs = {"partial": "*fp32", "out": gtype}

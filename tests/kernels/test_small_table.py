@@ -38,7 +38,7 @@ def test_one_contribution_per_row_is_exact_and_unused_rows_are_zero(triton_devic
 
 def test_int32_ids_and_long_inputs_span_many_programs(triton_device):
     g = torch.Generator().manual_seed(3)
-    n = 70_000  # more positions than PARTIALS programs x one tile
+    n = 70_000  # 4 columns: one program per 512 positions, 137 of them
     grad = torch.randn(n, 4, generator=g)
     ids = torch.randint(0, 3, (n,), generator=g, dtype=torch.int32)
     want = small_table_grad(grad, ids, 3, impl="torch")
@@ -72,6 +72,8 @@ def test_bad_inputs_are_rejected():
         small_table_grad(torch.zeros(2, 3), torch.zeros(3, dtype=torch.int64), 4)
     with pytest.raises(ValueError, match="integers"):
         small_table_grad(torch.zeros(2, 3), torch.zeros(2), 4)
+    with pytest.raises(ValueError, match="on meta"):
+        small_table_grad(torch.zeros(2, 3), torch.zeros(2, dtype=torch.int64, device="meta"), 4)
 
 
 @pytest.mark.parametrize("shape", [(0,), (9,), (3, 4)])
@@ -95,7 +97,8 @@ def test_small_embedding_matches_nn_embedding(triton_device, monkeypatch, shape)
 
 
 def test_small_embedding_falls_back_to_nn_embedding_where_it_must():
-    for m in (SmallEmbedding(MAX_ROWS + 1, 2), SmallEmbedding(4, 2, padding_idx=0)):
+    fp64 = SmallEmbedding(4, 2, dtype=torch.float64)
+    for m in (SmallEmbedding(MAX_ROWS + 1, 2), SmallEmbedding(4, 2, padding_idx=0), fp64):
         assert m._plain()
     assert not SmallEmbedding(MAX_ROWS, 2)._plain()
 
@@ -115,7 +118,18 @@ def test_column_sums_equal_reference_to_rounding(triton_device, rows, dim, dtype
 
 
 def test_column_sums_of_programs_that_loop_over_several_tiles(triton_device):
-    """70,000 x 128: 512 programs of 3 tiles of 64 rows (the bias gradient's shape class)."""
+    """70,000 x 128: 365 programs of 3 tiles of 64 rows (the bias gradient's shape class)."""
     x = torch.randn(70_000, 128, generator=torch.Generator().manual_seed(5))
     got = column_sums(x.to(triton_device), impl="triton").cpu()
     torch.testing.assert_close(got, column_sums(x, impl="torch"), rtol=1e-5, atol=1e-3)
+
+
+def test_wide_rows_span_several_column_blocks(triton_device):
+    """300 columns: three column blocks of 128, the last one partial."""
+    g = torch.Generator().manual_seed(6)
+    grad = torch.randn(900, 300, generator=g)
+    ids = torch.randint(0, 5, (900,), generator=g)
+    got = small_table_grad(grad.to(triton_device), ids.to(triton_device), 5, impl="triton")
+    torch.testing.assert_close(got.cpu(), small_table_grad(grad, ids, 5, impl="torch"))
+    sums = column_sums(grad.to(triton_device), impl="triton").cpu()
+    torch.testing.assert_close(sums, column_sums(grad, impl="torch"), rtol=1e-5, atol=1e-4)
