@@ -58,6 +58,9 @@ def test_crashing_rank_is_reported():
 
 
 def _exit_hard_then_peer_raises() -> None:
+    # Both past the process group's setup first: a crash during the peer's
+    # connect shows as its "Connection reset" there (seen once under load).
+    dist.barrier()
     if dist.get_rank() == 0:
         os._exit(3)
     time.sleep(0.5)  # the crash is reaped before this rank reports
