@@ -27,7 +27,7 @@ from freescale.embedding._ops import sum_duplicates
 from freescale.embedding.config import TableConfig
 from freescale.embedding.optim import OptimizerConfig, Scalar, apply_rows, make_state
 from freescale.embedding.sharding import RowSharding
-from freescale.jagged.ops import copy_to_host, host_to_device, wait_for_copy
+from freescale.jagged.ops import copy_to_host, host_to_device, side_stream, wait_for_copy
 from freescale.kernels import gather_rows
 from freescale.kernels.backend import choose_impl, triton_module
 
@@ -339,11 +339,6 @@ class ShardStore(nn.Module):
         unexpected_keys.extend(k for k in state_dict if k.startswith(prefix) and k not in ours)
 
 
-_UPDATE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
-
-
 def _update_stream(device: torch.device) -> torch.cuda.Stream:
     """The fused updates' side stream, one per device."""
-    if device not in _UPDATE_STREAMS:
-        _UPDATE_STREAMS[device] = torch.cuda.Stream(device)
-    return _UPDATE_STREAMS[device]
+    return side_stream("embedding update", device)

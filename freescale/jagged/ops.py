@@ -30,6 +30,19 @@ def record_event(timing: bool = False) -> torch.Event:
     return event
 
 
+_STREAMS: dict[tuple[str, int], torch.cuda.Stream] = {}
+
+
+def side_stream(role: str, device: torch.device | None = None) -> torch.cuda.Stream:
+    """The CUDA stream of ``role`` on ``device`` (default: the current one),
+    made on first use and kept: work of one role always queues on one stream."""
+    index = torch.cuda.current_device() if device is None or device.index is None else device.index
+    key = (role, index)
+    if key not in _STREAMS:
+        _STREAMS[key] = torch.cuda.Stream(index)
+    return _STREAMS[key]
+
+
 def copy_to_host(t: Tensor) -> tuple[Tensor, Any]:
     """A copy of ``t`` on the host, started now without waiting: (copy, its event).
 

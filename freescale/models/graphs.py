@@ -39,6 +39,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from freescale.jagged.ops import side_stream
 from freescale.models.attention import AttentionLayout, Segments
 from freescale.models.linear import graph_body
 
@@ -86,14 +87,19 @@ def padded_offsets(
 ) -> tuple[Tensor, Tensor]:
     """int32 boundaries [segments + 1]: the samples, then empty ones. Padding
     rows (``n_u..tokens``) lie in no segment. Built on the device: no read-back."""
-    empty = b.segments - (uih_offsets.numel() - 1)
-    cu_u = torch.cat(
-        [uih_offsets.to(torch.int32), uih_offsets.new_full((empty,), n_u, dtype=torch.int32)]
-    )
-    cu_c = torch.cat(
-        [cand_offsets.to(torch.int32), cand_offsets.new_full((empty,), n_c, dtype=torch.int32)]
-    )
-    return cu_u, cu_c
+    out = []
+    for offsets, n in ((uih_offsets, n_u), (cand_offsets, n_c)):
+        cu = torch.empty(b.segments + 1, dtype=torch.int32, device=offsets.device)
+        write_padded(cu, offsets, n)
+        out.append(cu)
+    return out[0], out[1]
+
+
+def write_padded(cu: Tensor, offsets: Tensor, n: int) -> None:
+    """``cu`` (int32) = ``offsets``, then ``n`` for each empty segment after them.
+    A replay writes its graph's static boundaries so, in place: two kernels."""
+    cu[: offsets.numel()].copy_(offsets)
+    cu[offsets.numel() :].fill_(n)
 
 
 def _segment_masks(cu_u: Tensor, cu_c: Tensor, tokens: int, cands: int) -> tuple[Tensor, ...]:
@@ -236,24 +242,14 @@ class _Captured:
         ]
 
 
-_STREAMS: dict[tuple[str, int], torch.cuda.Stream] = {}
-
-
-def _stream(role: str) -> torch.cuda.Stream:
-    key = (role, torch.cuda.current_device())
-    if key not in _STREAMS:
-        _STREAMS[key] = torch.cuda.Stream()
-    return _STREAMS[key]
-
-
 def _capture_stream() -> torch.cuda.Stream:
     """One stream per device for every capture (and its warm-up pass)."""
-    return _stream("capture")
+    return side_stream("graph capture")
 
 
 def _side_stream() -> torch.cuda.Stream:
     """The candidate path's stream (`run_blocks`), one per device."""
-    return _stream("side")
+    return side_stream("graph candidates")
 
 
 class _Replay(torch.autograd.Function):
@@ -265,12 +261,8 @@ class _Replay(torch.autograd.Function):
             # Padding rows must be finite (they meet zero gradients in the weight
             # GEMMs): zeros, not what an earlier step left in the shared buffer.
             static[x.shape[0] :].zero_()
-        # The boundaries written in place: what `padded_offsets` builds, without its
-        # temporaries (kernels at every step cost GPU idle time at small batches).
-        for static, offsets, n in ((cap.inputs[2], uih_offsets, uih.shape[0]),
-                                   (cap.inputs[3], cand_offsets, cand.shape[0])):  # fmt: skip
-            static[: offsets.numel()].copy_(offsets)
-            static[offsets.numel() :].fill_(n)
+        write_padded(cap.inputs[2], uih_offsets, uih.shape[0])
+        write_padded(cap.inputs[3], cand_offsets, cand.shape[0])
         cap.fwd.replay()
         ctx.cap, ctx.owner, ctx.rows = cap, owner, (uih.shape[0], cand.shape[0])
         return cap.out[: cand.shape[0]].detach()  # valid until the next replay
