@@ -81,16 +81,18 @@ def assert_reordered_close(
 ) -> None:
     """``torch.testing.assert_close`` with :func:`reduction_tol`'s tolerance.
 
-    ``magnitude`` defaults to ``terms · max|expected|``: each output of an
-    ``n``-term reduction whose terms are no larger than its result. Pass the
-    real ``S`` when the terms may be larger than the result (cancellation).
-    ``dtype`` defaults to the lower-precision operand's.
+    ``magnitude`` defaults to ``sqrt(terms) · max|expected|``: the ``S`` of
+    terms of random sign (gradients, activations), whose sum grows like
+    ``sqrt(n)`` times a term while their absolute sum grows like ``n``; it
+    also covers terms of one sign (``S = |sum|``). Pass the real ``S`` when
+    the terms cancel further. ``dtype`` defaults to the lower-precision
+    operand's.
     """
     if dtype is None:
         dtype = min((actual.dtype, expected.dtype), key=lambda d: torch.finfo(d).bits)
     if magnitude is None:
         peak = float(expected.detach().double().abs().max()) if expected.numel() else 0.0
-        magnitude = terms * peak
+        magnitude = math.sqrt(terms) * peak
     tol = reduction_tol(dtype, terms, magnitude, depth)
     torch.testing.assert_close(actual, expected, **tol, **kwargs)
 
