@@ -25,10 +25,10 @@ import torch.distributed as dist
 
 from freescale.comm import TorchCommunicator
 from freescale.embedding.nonfinite import NonFiniteGuard
-from freescale.models.sequence import SequenceModel
+from freescale.jagged.schema import DataSchema
 from freescale.pipeline.config import build_config
 from freescale.pipeline.nonfinite import skip_flags
-from freescale.pipeline.setup import make_source, model_config
+from freescale.pipeline.setup import build_model, make_source
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from interference import time_ms
@@ -51,7 +51,7 @@ def main() -> int:
     device = torch.device("cuda")
     grads = torch.randn(int(ids), cfg.dim, device=device)  # fp32, as the update receives them
     with device:
-        model = SequenceModel(model_config(cfg, 1000))  # dense parameters only matter
+        model = build_model(cfg, DataSchema.standard(1000, 4))  # dense parameters only matter
     params = [p for p in model.parameters() if p.requires_grad]
     for q in params:
         q.grad = torch.randn_like(q)

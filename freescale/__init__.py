@@ -1,7 +1,39 @@
 """FreeScale: bubble-free distributed training of sequence recommendation models.
 
 Importing this package is cheap by design: it initializes no CUDA context, no
-process group and does not import Triton. Import the subpackages you need.
+process group and does not import Triton. The public API below is imported
+on first use:
+
+- `train` (`freescale.api`): train a model from Python, get back the
+  summary, the per-step metrics and (on request) the trained weights;
+- `RecModel` (`freescale.models.contract`): the model contract;
+- `DataSchema`, `Feature` (`freescale.jagged.schema`): the data's features;
+- `SampleBatch`, `JaggedTensor`: the batch a model's ``forward`` receives;
+- `TrainConfig`, `build_config`: the run's configuration.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 __version__ = "0.1.0"
+
+_PUBLIC = {
+    "train": "freescale.api",
+    "TrainResult": "freescale.api",
+    "RecModel": "freescale.models.contract",
+    "DataSchema": "freescale.jagged.schema",
+    "Feature": "freescale.jagged.schema",
+    "SampleBatch": "freescale.jagged.batch",
+    "JaggedTensor": "freescale.jagged.tensor",
+    "TrainConfig": "freescale.pipeline.config",
+    "build_config": "freescale.pipeline.config",
+}
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _PUBLIC:
+        return getattr(importlib.import_module(_PUBLIC[name]), name)
+    raise AttributeError(f"module 'freescale' has no attribute {name!r}")

@@ -10,6 +10,7 @@ from freescale.data.readers import read_movielens, read_sasrec
 from freescale.data.sequences import SequenceSampling, SequenceSource
 from freescale.data.synthetic import SyntheticConfig, SyntheticSource
 from freescale.jagged.batch import SampleBatch
+from freescale.jagged.schema import DataSchema
 
 READERS = {
     "sasrec": read_sasrec,
@@ -18,6 +19,7 @@ READERS = {
     "csv": partial(read_columns, fmt="csv"),
 }
 FILE_SPECS = ", ".join(f"'{k}:PATH'" for k in READERS)
+BUILTIN_KINDS = ("synthetic", *READERS)
 
 
 class DataSource(Protocol):
@@ -26,6 +28,7 @@ class DataSource(Protocol):
 
     num_items: int
     num_actions: int
+    # optional ``schema: DataSchema``: the batches' features (`schema_of`)
 
     def batch(self, step: int, rank: int, world_size: int, batch_size: int) -> SampleBatch: ...
 
@@ -45,3 +48,14 @@ def open_source(
     if kind in READERS and path:
         return SequenceSource(READERS[kind](path), sampling)
     raise ValueError(f"unknown data source {spec!r}: use 'synthetic' or one of {FILE_SPECS}")
+
+
+def schema_of(source: DataSource) -> DataSchema:
+    """``source.schema`` when it declares one, else the standard features sized
+    by its ``num_items`` / ``num_actions``."""
+    schema = getattr(source, "schema", None)
+    if schema is None:
+        return DataSchema.standard(source.num_items, source.num_actions)
+    if not isinstance(schema, DataSchema):
+        raise ValueError(f"{type(source).__name__}.schema must be a DataSchema")
+    return schema

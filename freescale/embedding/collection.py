@@ -20,6 +20,13 @@ before step i's backward) looks up every row of step i+1 that step i does not
 update; only the collision rows wait for step i's update. Results stay
 bit-identical to the synchronous path; ``flush()`` applies the deferred part
 of the last update (the checkpoint and full-table reads call it).
+
+One lookup per step (`serving`): a model may call several swapped modules
+(an item table, a category table, a TorchRec collection) separately. The
+trainer looks every one of them up in one call, ``with serving(features):``,
+and each module's call inside is answered from that call's outputs: every
+table of a step travels in one exchange, which the sdd prefetch and the
+prioritized schedule (one lookup per step) need.
 """
 
 from __future__ import annotations
@@ -107,6 +114,8 @@ class ShardedEmbeddingCollection(nn.Module):
         self.nonfinite: NonFiniteGuard | None = None  # see `guard_nonfinite`
         # Swapped modules put the tables in their model's state_dict (a collective).
         self.tables_in_state_dict = True
+        # `serving`: {feature: (its ids as requested, its output)} not yet taken.
+        self._served: dict[str, tuple[JaggedTensor | Tensor, JaggedTensor | Tensor]] | None = None
 
     # ---- lookup --------------------------------------------------------------
     def forward(self, features: Features) -> Outputs:
@@ -117,6 +126,8 @@ class ShardedEmbeddingCollection(nn.Module):
         if is_kjt(features):
             ours = kjt_to_features(features)  # type: ignore[arg-type]
             return embeddings_to_torchrec(self(ours), ours)
+        if self._served is not None:
+            return self._serve(features)
         if self._prio is not None:
             return self._forward_prioritized(features)
         return self._forward_sync(
@@ -131,6 +142,55 @@ class ShardedEmbeddingCollection(nn.Module):
             self._anchor, prepared.calls, self.comm, self.timer, self.nonfinite
         )
         return self._split(prepared.calls, outputs)
+
+    # ---- one lookup per step for every module ----------------------------------
+    @contextlib.contextmanager
+    def serving(self, features: Features) -> Iterator[Outputs]:
+        """Look ``features`` up in one call; inside, lookups of any subset of
+        them (e.g. by swapped modules, each with its own features) return
+        those outputs instead of exchanging again. Each feature is served
+        once; one that is never asked for is an error on leaving (its rows
+        would get no gradient, and a prefetch would go unmatched)."""
+        if self._served is not None:
+            raise RuntimeError("serving() calls do not nest")
+        outputs = self(features)
+        self._served = {k: (features[k], v) for k, v in outputs.items()}
+        failed = False
+        try:
+            yield outputs
+        except BaseException:
+            failed = True
+            raise
+        finally:
+            left, self._served = self._served, None
+            if left and not failed:
+                raise RuntimeError(
+                    f"features {sorted(left)} were looked up for this step but never used: "
+                    "embedding_inputs must name exactly the lookups forward makes"
+                )
+
+    def _serve(self, features: Features) -> Outputs:
+        assert self._served is not None
+        out: Outputs = {}
+        for key, ids in features.items():
+            if key not in self._served:
+                given = (
+                    "served already"
+                    if key in self.tables or key in self._feature_table
+                    else "not given"
+                )
+                raise RuntimeError(
+                    f"lookup of {key!r} during a step: {given} to serving(); embedding_inputs "
+                    "must name every lookup forward makes, once"
+                )
+            want, emb = self._served.pop(key)
+            if not _same_ids(want, ids, exact=self.verify_prefetch):
+                raise RuntimeError(
+                    f"lookup of {key!r} during a step does not match the ids given for it "
+                    "(embedding_inputs must return exactly the ids forward looks up)"
+                )
+            out[key] = emb
+        return out
 
     # ---- sparse data dist: start a future call's input distribution early ----
     def prefetch(self, features: Features) -> None:
@@ -403,6 +463,18 @@ class ShardedEmbeddingCollection(nn.Module):
         out = gathered.new_empty((self.tables[name].rows, *gathered.shape[1:]))
         out[ids[valid]] = gathered[valid]
         return out
+
+
+def _same_ids(a: JaggedTensor | Tensor, b: JaggedTensor | Tensor, exact: bool) -> bool:
+    """Same shape (and, where reading the device is free, same values)."""
+    if a is b:
+        return True
+    if isinstance(a, JaggedTensor) != isinstance(b, JaggedTensor):
+        return False
+    pairs = (
+        [(a.values, b.values), (a.offsets, b.offsets)] if isinstance(a, JaggedTensor) else [(a, b)]
+    )  # type: ignore[union-attr]
+    return all(x.shape == y.shape and (not exact or torch.equal(x, y)) for x, y in pairs)
 
 
 def _check_names(tables: Sequence[TableConfig]) -> None:

@@ -22,6 +22,7 @@ from freescale.embedding.collection import ShardedEmbeddingCollection
 from freescale.embedding.config import ShardingPlan, TableConfig
 from freescale.embedding.kjt import embeddings_to_torchrec, kjt_to_features
 from freescale.embedding.state_dict import load_tables, save_tables
+from freescale.jagged import JaggedTensor
 
 
 class ShardedEmbedding(nn.Module):
@@ -40,9 +41,13 @@ class ShardedEmbedding(nn.Module):
     def forward(self, input: Tensor) -> Tensor:
         return self.collection({self.table: input})[self.table]  # type: ignore[return-value]
 
+    def lookup_features(self, input: Tensor) -> dict[str, Tensor]:
+        """The collection's features behind ``forward(input)`` (for `serving`, `prefetch`)."""
+        return {self.table: input}
+
     def prefetch(self, input: Tensor) -> None:
         """Start the input distribution of a later ``forward(input)`` (sdd)."""
-        self.collection.prefetch({self.table: input})
+        self.collection.prefetch(self.lookup_features(input))
 
     def extra_repr(self) -> str:
         return f"{self.table!r}, {self.num_embeddings}, {self.embedding_dim}, sharded"
@@ -64,8 +69,16 @@ class ShardedTorchRecCollection(nn.Module):
         self.__dict__["collection"] = collection
         self.prefix, self.need_indices = prefix, need_indices
 
+    def lookup_features(self, features: Any) -> dict[str, JaggedTensor]:
+        """The collection's features behind ``forward(features)`` (a KJT)."""
+        return kjt_to_features(features, self.prefix)  # checked; int32 or int64 lengths
+
+    def prefetch(self, features: Any) -> None:
+        """Start the input distribution of a later ``forward(features)`` (sdd)."""
+        self.collection.prefetch(self.lookup_features(features))
+
     def forward(self, features: Any) -> dict[str, Any]:
-        ours = kjt_to_features(features, self.prefix)  # checked; int32 or int64 lengths
+        ours = self.lookup_features(features)
         out = embeddings_to_torchrec(self.collection(ours), ours, self.prefix)
         if self.need_indices:  # TorchRec returns the ids as the weights
             for key, jt in ours.items():
@@ -75,12 +88,12 @@ class ShardedTorchRecCollection(nn.Module):
     # Checkpoints the usual way: the tables and their optimizer state, under
     # this module's path, as resharding-friendly entries (`state_dict.py`).
     def _save_to_state_dict(self, destination: dict, prefix: str, keep_vars: bool) -> None:
-        save_tables(self.collection, self._tables(), prefix + "embeddings.", destination)
+        save_tables(self.collection, self.table_names(), prefix + "embeddings.", destination)
 
     def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any) -> None:
-        load_tables(self.collection, self._tables(), prefix + "embeddings.", state_dict, *args)
+        load_tables(self.collection, self.table_names(), prefix + "embeddings.", state_dict, *args)
 
-    def _tables(self) -> dict[str, str]:
+    def table_names(self) -> dict[str, str]:
         """{name under ``embeddings.``: collection table} of this module."""
         n = len(self.prefix)
         return {t[n:]: t for t in self.collection.tables if t.startswith(self.prefix)}

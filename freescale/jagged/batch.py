@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -30,7 +30,11 @@ class SampleBatch:
       per candidate (``sum(N_i)`` segments), the paper's composite candidate
       lengths L_can;
     - optional ``dense`` features ``[B, D]``;
-    - ``sample_id``: a global id, so tests can prove nothing was lost or duplicated.
+    - ``sample_id``: a global id, so tests can prove nothing was lost or duplicated;
+    - ``max_lengths``: (longest UIH, most candidates of a sample) as host ints,
+      when the loader knows them: kernels that size their launch by them
+      (varlen attention) then never read them back from the device. Moving
+      the batch keeps them; selecting samples drops them.
     """
 
     uih: JaggedFeatures
@@ -39,6 +43,7 @@ class SampleBatch:
     content: JaggedFeatures
     sample_id: Tensor
     dense: Tensor | None = None
+    max_lengths: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         b = self.sample_id.shape[0]
@@ -95,6 +100,10 @@ class SampleBatch:
         self.content.validate("candidate content")
         if int(self.candidates.offsets[-1]) != self.labels.shape[0]:
             raise ValueError("candidate offsets do not match the number of labels")
+
+    def with_max_lengths(self, max_uih: int, max_candidates: int) -> SampleBatch:
+        """This batch, told its longest UIH and most candidates per sample."""
+        return replace(self, max_lengths=(max_uih, max_candidates))
 
     # ---- selection ---------------------------------------------------------
     def select(self, indices: Tensor) -> SampleBatch:
@@ -167,6 +176,7 @@ class SampleBatch:
             content=self.content.map(fn),
             sample_id=fn(self.sample_id),
             dense=None if self.dense is None else fn(self.dense),
+            max_lengths=self.max_lengths,
         )
 
     def tensors(self) -> Iterator[Tensor]:

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from freescale.jagged.batch import CAND_IDS, CONTENT_IDS, UIH_ACTIONS, UIH_IDS, SampleBatch
 from freescale.jagged.ops import segment_ids
+from freescale.jagged.schema import DataSchema
 from freescale.models.attention import (
     AttentionLayout,
     attend,
@@ -27,6 +28,7 @@ from freescale.models.attention import (
     resolve_impl,
     segments,
 )
+from freescale.models.contract import RecModel
 from freescale.models.graphs import BlockGraphs
 from freescale.models.linear import Linear
 from freescale.models.small_embedding import SmallEmbedding
@@ -112,8 +114,13 @@ class Block(nn.Module):
         return uih, cand
 
 
-class SequenceModel(nn.Module):
-    """``model(batch) -> logits``, one per candidate, aligned with ``batch.labels``."""
+class SequenceModel(RecModel):
+    """``model(batch) -> logits``, one per candidate, aligned with ``batch.labels``.
+
+    Written against the model contract (`freescale.models.contract`): the item
+    table is its one sharded module, looked up once per step."""
+
+    sharded_modules = ("item_emb",)
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -130,10 +137,9 @@ class SequenceModel(nn.Module):
         nn.init.normal_(self.item_emb.weight, std=0.05)
         nn.init.normal_(self.action_emb.weight, std=0.05)
 
-    def forward(
-        self, batch: SampleBatch, max_uih: int | None = None, max_candidates: int | None = None
-    ) -> Tensor:
-        """``max_uih``/``max_candidates`` (host ints) spare the GPU path a read-back."""
+    def forward(self, batch: SampleBatch) -> Tensor:
+        """``batch.max_lengths`` (host ints), when known, spare the GPU path a read-back."""
+        max_uih, max_candidates = batch.max_lengths or (None, None)
         n_u, n_c = batch.uih[UIH_IDS].numel(), batch.num_candidates_total
         rows = self.item_emb(self.embedding_inputs(batch)["item_emb"])
         # One split, not three slices: its backward is one concatenation, where
@@ -207,6 +213,31 @@ class SequenceModel(nn.Module):
         owner = segment_ids(batch.content.offsets, content_rows.shape[0])
         sums = content_rows.new_zeros(n_c, content_rows.shape[1]).index_add(0, owner, content_rows)
         return sums / lengths.clamp(min=1).unsqueeze(-1).to(sums.dtype)
+
+
+def build(
+    schema: DataSchema,
+    dim: int = 64,
+    heads: int = 2,
+    layers: int = 2,
+    attention: str = "auto",
+    graphs: bool = False,
+    graph_streams: int = 2,
+) -> SequenceModel:
+    """The model factory (`freescale.models.contract`): tables sized by the data."""
+    return SequenceModel(
+        ModelConfig(
+            num_items=schema.num_items,
+            num_actions=schema.num_actions,
+            dim=dim,
+            heads=heads,
+            layers=layers,
+            dense_dim=schema.dense_dim,
+            attention=attention,
+            graphs=graphs,
+            graph_streams=graph_streams,
+        )
+    )
 
 
 def _max_lengths(*offsets: Tensor) -> list[int]:

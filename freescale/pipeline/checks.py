@@ -14,6 +14,8 @@ from pathlib import Path
 
 import torch
 
+from freescale.data.source import BUILTIN_KINDS
+from freescale.models.contract import load_object
 from freescale.pipeline.checkpoint import check_resumable
 from freescale.pipeline.config import TrainConfig
 from freescale.pipeline.faults import parse_ranks
@@ -33,8 +35,10 @@ def check_launch(cfg: TrainConfig) -> None:
     if ranks is not None and max(ranks) >= world:
         raise ValueError(f"delay_ranks={cfg.delay_ranks!r} names a rank outside 0..{world - 1}")
     kind, _, path = cfg.data.partition(":")
-    if path and not Path(path).is_file():
+    if kind in BUILTIN_KINDS and path and not Path(path).is_file():
         raise ValueError(f"data file {path!r} ({kind}) does not exist or is not a file")
+    if cfg.model:
+        load_object(cfg.model, "model")  # importable, before any rank starts
     for key in ("metrics_path", "trace_path"):
         value = getattr(cfg, key)
         if value:

@@ -8,8 +8,9 @@ one clear sentence), in the launching process, before any rank starts.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from freescale.comm import BACKENDS as COMM_BACKENDS
@@ -45,8 +46,10 @@ class TrainConfig:
     batch_size: int = 32
     seed: int = 0
     deterministic: bool = True
-    # data
+    # data: synthetic | sasrec:PATH | movielens:PATH | parquet:PATH | csv:PATH |
+    # package.module:factory (called with the data.KEY=VALUE options)
     data: str = "synthetic"
+    data_options: dict[str, Any] = field(default_factory=dict)
     num_items: int = 2_000
     max_uih: int = 64
     length_median: float = 24.0
@@ -62,7 +65,11 @@ class TrainConfig:
     target_stride: int = 1
     shuffle: bool = True
     eval_negatives: int = 100
-    # model
+    # model: empty = the built-in sequence model (dim, heads, layers, attention,
+    # dense_graphs below); package.module:factory = your own, built as
+    # factory(schema, **model_options) (docs/your-model.md); model.KEY=VALUE sets options
+    model: str = ""
+    model_options: dict[str, Any] = field(default_factory=dict)
     dim: int = 32
     item_dim: int = 32
     heads: int = 2
@@ -123,6 +130,12 @@ class TrainConfig:
         _choice("plan_process", self.plan_process, ("auto", "on", "off"))
         _choice("balance_counts", self.balance_counts, ("equal", "variable"))
         _choice("nonfinite", self.nonfinite, ("raise", "skip"))
+        for name in ("model_options", "data_options"):
+            if not isinstance(getattr(self, name), dict):
+                section = name.split("_")[0]
+                raise ValueError(f"{name} is set as {section}.KEY=VALUE, one key at a time")
+        if self.model and ":" not in self.model:
+            raise ValueError(f"model={self.model!r} must look like package.module:factory")
         if self.dense_graph_streams not in (1, 2):
             raise ValueError(f"dense_graph_streams must be 1 or 2, got {self.dense_graph_streams}")
         if self.dense_graphs and self.attention == "reference":
@@ -247,8 +260,22 @@ def parse_value(field_type: Any, key: str, text: str) -> Any:
     return text
 
 
+def option_value(text: str) -> Any:
+    """A factory option's value: a JSON literal (number, true, [1, 2], ...) or the text."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+_OPTION_SECTIONS = {"model.": "model_options", "data.": "data_options"}
+
+
 def build_config(preset: str = "demo", overrides: list[str] | None = None) -> TrainConfig:
-    """A preset with ``key=value`` overrides applied; unknown keys are errors."""
+    """A preset with ``key=value`` overrides applied; unknown keys are errors.
+
+    ``model.KEY=VALUE`` / ``data.KEY=VALUE`` become options of the model /
+    data factory (JSON literals, else strings)."""
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; presets: {', '.join(PRESETS)}")
     types = {f.name: f.type for f in fields(TrainConfig)}
@@ -258,6 +285,11 @@ def build_config(preset: str = "demo", overrides: list[str] | None = None) -> Tr
         key = key.strip()
         if not sep:
             raise ValueError(f"override {item!r} must look like key=value")
+        section = next((v for k, v in _OPTION_SECTIONS.items() if key.startswith(k)), None)
+        if section is not None and key.split(".", 1)[1]:
+            name = key.split(".", 1)[1]
+            values[section] = {**values.get(section, {}), name: option_value(text.strip())}
+            continue
         if key not in types:
             raise ValueError(f"unknown config key {key!r}; known keys: {', '.join(types)}")
         values[key] = parse_value(types[key], key, text.strip())

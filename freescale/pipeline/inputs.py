@@ -31,10 +31,10 @@ import torch.distributed as dist
 from torch import Tensor
 
 from freescale.jagged.batch import CAND_IDS, CONTENT_IDS, UIH_ACTIONS, UIH_IDS, SampleBatch
+from freescale.jagged.schema import DataSchema, Feature
 from freescale.jagged.tensor import JaggedFeatures
 
-OK, OFFSETS, ID_RANGE, NONFINITE = range(4)
-_WHAT = ("", "offsets", "id", "value")
+OK, OFFSETS, ID_RANGE, NONFINITE, MISSING = range(5)
 _WIDTH = 6  # code, part, local index, sample id, value, extra
 
 # What each part of a batch is called in messages, by index.
@@ -53,10 +53,23 @@ PARTS = (
 
 @dataclass(frozen=True)
 class Limits:
-    """Table sizes ids must stay below."""
+    """Table sizes ids must stay below; ``extra``: the data's own id features
+    (part ``len(PARTS) + i`` in problems is ``extra[i]``)."""
 
     num_items: int
     num_actions: int
+    extra: tuple[Feature, ...] = ()
+
+    @staticmethod
+    def of(schema: DataSchema) -> Limits:
+        extra = tuple(f for f in schema.extras() if f.rows is not None)
+        return Limits(schema.num_items, schema.num_actions, extra)
+
+    def part_name(self, part: int) -> str:
+        if part < len(PARTS):
+            return PARTS[part]
+        f = self.extra[part - len(PARTS)]
+        return f"{f.level} feature {f.name!r}"
 
 
 def _segment(offsets: Tensor, position: int) -> int:
@@ -132,6 +145,10 @@ def find_problem(batch: SampleBatch, limits: Limits) -> list[int] | None:
         if pos is not None:
             cand = _segment(batch.content.offsets, pos)
             return at(ID_RANGE, 6, _segment(batch.candidates.offsets, cand), int(ids[pos]))
+    for i, feature in enumerate(limits.extra):
+        bad = _extra_problem(batch, feature)
+        if bad is not None:
+            return at(bad[0], len(PARTS) + i, bad[1], bad[2])
     finite = torch.isfinite(batch.labels)
     if not bool(finite.all()):
         cand = int((~finite).nonzero()[0])
@@ -143,18 +160,46 @@ def find_problem(batch: SampleBatch, limits: Limits) -> list[int] | None:
     return None
 
 
+def _extra_problem(batch: SampleBatch, feature: Feature) -> tuple[int, int, int] | None:
+    """(code, sample, value) of the first problem of a declared extra id feature."""
+    level: JaggedFeatures = getattr(batch, feature.level)
+    if feature.name not in level.features:
+        return MISSING, 0, 0
+    ids = level[feature.name]
+    assert feature.rows is not None
+    if ids.shape[0] != _total(level):
+        return OFFSETS, 0, ids.shape[0] - _total(level)
+    pos = _out_of_range(ids, feature.rows)
+    if pos is None:
+        return None
+    seg = _segment(level.offsets, pos)  # uih, candidates: the sample; content: the candidate
+    if feature.level == "content":
+        seg = _segment(batch.candidates.offsets, seg)
+    return ID_RANGE, seg, int(ids[pos])
+
+
 def message(rank: int, step: int, row: Sequence[int], limits: Limits | None = None) -> str:
     """The one sentence every rank raises for ``rank``'s problem ``row``."""
     code, part, local, sid, value = row[:5]
     where = f"bad input on rank {rank}, step {step}, sample {sid} (local index {local})"
-    name = PARTS[part]
+    name = limits.part_name(part) if limits is not None else PARTS[part]
     if code == OFFSETS:
         return f"{where}: malformed {name} (start, negative length or overrun {value})"
+    if code == MISSING:
+        return f"{where}: the batch has no {name}, which the data's schema declares"
     if code == ID_RANGE:
         rows = ""
         if limits is not None:
-            rows = f", outside [0, {limits.num_actions if part == 4 else limits.num_items})"
-        return f"{where}: {name} {value}{rows}"
+            if part >= len(PARTS):
+                top = limits.extra[part - len(PARTS)].rows
+            else:
+                top = limits.num_actions if part == 4 else limits.num_items
+            rows = f", outside [0, {top})"
+        return (
+            f"{where}: {name} id {value}{rows}"
+            if part >= len(PARTS)
+            else f"{where}: {name} {value}{rows}"
+        )
     return f"{where}: non-finite {name}"
 
 

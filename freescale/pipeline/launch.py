@@ -21,6 +21,7 @@ What the launcher guarantees:
 
 from __future__ import annotations
 
+import io
 import multiprocessing.connection
 import os
 import queue
@@ -56,14 +57,30 @@ def under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
-def launch(cfg: TrainConfig) -> dict[str, Any] | None:
-    """Run training; return rank 0's summary (None on other torchrun ranks)."""
+def launch(
+    cfg: TrainConfig, model: Any = None, data: Any = None, state_dict: bool | None = None
+) -> dict[str, Any] | None:
+    """Run training; return rank 0's summary (None on other torchrun ranks).
+
+    Python API (`freescale.api`): ``model`` / ``data`` objects replace the
+    config's, and with ``state_dict`` not None rank 0 returns
+    ``{"summary", "steps", "state_dict"}``; one rank then runs in this
+    process (no pickling of what a notebook defined)."""
     check_launch(cfg)
+    job = RankJob(model, data, state_dict)
     if under_torchrun():
         die_with_parent()  # the torchrun agent
-        return _run_initialized(cfg, int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
+        return _run_initialized(
+            cfg, int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), job=job
+        )
     if _backend(cfg) == "nccl" and cfg.nproc > torch.cuda.device_count():
         raise ValueError(f"nproc={cfg.nproc} but only {torch.cuda.device_count()} GPUs")
+    if job.api and cfg.nproc == 1:
+        if dist.is_initialized():
+            raise ValueError("freescale.train at nproc=1 needs no process group of the caller's")
+        os.environ.setdefault("LOCAL_RANK", "0")
+        store = dist.HashStore()
+        return _run_initialized(cfg, 0, 1, store, job)
     store = dist.TCPStore(
         "127.0.0.1",
         0,
@@ -76,7 +93,9 @@ def launch(cfg: TrainConfig) -> dict[str, Any] | None:
     results = ctx.Queue()
     procs = [
         ctx.Process(
-            target=_spawned, args=(rank, cfg, store.port, results, os.getpid()), daemon=False
+            target=_spawned,
+            args=(rank, cfg, store.port, results, os.getpid(), job),
+            daemon=False,
         )
         for rank in range(cfg.nproc)
     ]
@@ -127,6 +146,8 @@ def _drain(results: Any, errors: list, summary: Any, block: float = 0.0) -> Any:
             return summary
         if kind == "summary":
             summary = payload
+        elif kind == "result":  # the Python API's: tensors, loaded without running code
+            summary = torch.load(io.BytesIO(payload), weights_only=True)
         else:
             errors.append((rank, payload))
 
@@ -161,7 +182,21 @@ def _kill(procs: list[Any]) -> None:
             p.join(timeout=5)
 
 
-def _spawned(rank: int, cfg: TrainConfig, port: int, results: Any, launcher: int) -> None:
+class RankJob:
+    """What a rank runs besides the config: the Python API's objects."""
+
+    def __init__(self, model: Any = None, data: Any = None, state_dict: bool | None = None):
+        self.model, self.data, self.state_dict = model, data, state_dict
+
+    @property
+    def api(self) -> bool:
+        """Called from `freescale.api.train` (rank 0 returns the full result)."""
+        return self.state_dict is not None
+
+
+def _spawned(
+    rank: int, cfg: TrainConfig, port: int, results: Any, launcher: int, job: RankJob
+) -> None:
     die_with_parent(launcher)
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
@@ -177,7 +212,7 @@ def _spawned(rank: int, cfg: TrainConfig, port: int, results: Any, launcher: int
         "127.0.0.1", port, is_master=False, timeout=timedelta(seconds=cfg.timeout_s)
     )
     try:
-        summary = _run_initialized(cfg, rank, cfg.nproc, store)
+        summary = _run_initialized(cfg, rank, cfg.nproc, store, job)
     except BaseException as e:
         # input and non-finite errors are one line; the rest keep a trace
         if not isinstance(e, (ValueError, NonFiniteError)):
@@ -186,7 +221,13 @@ def _spawned(rank: int, cfg: TrainConfig, port: int, results: Any, launcher: int
         results.close()
         results.join_thread()
         sys.exit(1)
-    if rank == 0:
+    if rank == 0 and job.api:
+        buffer = io.BytesIO()
+        torch.save(summary, buffer)
+        results.put(("result", rank, buffer.getvalue()))
+        results.close()
+        results.join_thread()
+    elif rank == 0:
         results.put(("summary", rank, summary))
         results.close()
         results.join_thread()
@@ -195,7 +236,7 @@ def _spawned(rank: int, cfg: TrainConfig, port: int, results: Any, launcher: int
 
 
 def _run_initialized(
-    cfg: TrainConfig, rank: int, world: int, store: Any = None
+    cfg: TrainConfig, rank: int, world: int, store: Any = None, job: RankJob | None = None
 ) -> dict[str, Any] | None:
     backend = _backend(cfg)
     if backend == "nccl":
@@ -203,6 +244,7 @@ def _run_initialized(
     timeout = timedelta(seconds=cfg.timeout_s)
     dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout, store=store)
     try:
-        return run_rank(cfg)
+        job = job or RankJob()
+        return run_rank(cfg, job.model, job.data, job.state_dict)
     finally:
         dist.destroy_process_group()

@@ -47,6 +47,7 @@ _FIELDS = (
     "samples",
     "stop",  # 1: this rank was asked to stop (SIGTERM); all ranks see it in the same step
     "nonfinite",  # 1: this rank's loss or embedding gradients were not finite
+    "loss_sum",  # the model's own loss, summed over this rank's candidates
     *(f"feature_{name}" for name in FEATURES),
 )
 STOP = _FIELDS.index("stop")
@@ -70,6 +71,7 @@ class RankStep:
     stop: float = 0.0
     nonfinite: float = 0.0
     features: tuple[float, ...] = (0.0,) * len(FEATURES)  # this rank's batch, summed
+    loss_sum: float | None = None  # the model's loss when it is not BCE (None: bce_sum)
 
     def vector(self, device: torch.device) -> torch.Tensor:
         values = [
@@ -86,6 +88,7 @@ class RankStep:
             self.samples,
             self.stop,
             self.nonfinite,
+            self.bce_sum if self.loss_sum is None else self.loss_sum,
             *self.features,
         ]
         return torch.tensor(values, dtype=torch.float64, device=device)
@@ -108,8 +111,9 @@ def summarize_step(step: int, table: torch.Tensor) -> dict[str, Any]:
     # loss and NE stay torch's, so their rounding is unchanged at any W.
     rows = table.tolist()
     col = {name: [r[i] for r in rows] for i, name in enumerate(_FIELDS)}
-    bce, pos, cands = (
-        float(table[:, _FIELDS.index(k)].sum()) for k in ("bce_sum", "positives", "candidates")
+    bce, pos, cands, loss = (
+        float(table[:, _FIELDS.index(k)].sum())
+        for k in ("bce_sum", "positives", "candidates", "loss_sum")
     )
     t_iter = max(col["step_ms"])
     compute = col["compute_ms"]
@@ -138,7 +142,7 @@ def summarize_step(step: int, table: torch.Tensor) -> dict[str, Any]:
         "data_wait_ms_ranks": _rounded(col["data_ms"]),
         "exposed_comm_ms_ranks": {c: _rounded(col[c]) for c in CATEGORIES},
         "qps": sum(col["items"]) / (t_iter / 1000.0) if t_iter > 0 else 0.0,
-        "loss": bce / cands if cands else float("nan"),
+        "loss": loss / cands if cands else float("nan"),
         "ne": normalized_entropy(bce, pos, cands),
         "samples": int(sum(col["samples"])),
         "items": int(sum(col["items"])),

@@ -3,7 +3,8 @@
 The trainer calls the same hooks in every mode; a mode is one small object
 that decides what happens in them (step i, batch i+1 already known):
 
-- ``upcoming(batch i+1)``, at the start of step i.
+- ``upcoming(lookups of batch i+1)``, at the start of step i (every table
+  the batch reads, as one call's features: `Trainer.lookup_features`).
   `sync`: nothing. `sdd` and `freescale`: the preflight exchange and the
   candidate count of i+1 (on GPUs their counts are copied to pinned memory
   at once, so the later read waits for that copy only).
@@ -36,18 +37,17 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from freescale.jagged.batch import SampleBatch
 from freescale.pipeline.loader import BatchInfo
 
 
 class Schedule:
     """`sync` ("vanilla TorchRec"): nothing is issued early."""
 
-    def __init__(self, model: Any, embeddings: Any, device: torch.device, timer: Any) -> None:
-        self.model, self.embeddings, self.device, self.timer = model, embeddings, device, timer
+    def __init__(self, embeddings: Any, device: torch.device, timer: Any) -> None:
+        self.embeddings, self.device, self.timer = embeddings, device, timer
         self._counts: deque[Any] = deque()  # issued count all-reduces, in step order
 
-    def upcoming(self, batch: SampleBatch, info: BatchInfo) -> None:
+    def upcoming(self, features: dict[str, Any], info: BatchInfo) -> None:
         """The batch after the current one is known (its step is next)."""
 
     def after_forward(self) -> None:
@@ -78,9 +78,8 @@ class Schedule:
             return count, None
         return count, dist.all_reduce(count, async_op=True)
 
-    def _prefetch(self, batch: SampleBatch, info: BatchInfo) -> None:
-        for path, ids in self.model.embedding_inputs(batch).items():
-            self.model.get_submodule(path).prefetch(ids)
+    def _prefetch(self, features: dict[str, Any], info: BatchInfo) -> None:
+        self.embeddings.prefetch(features)  # every table of the step: one exchange
         if info.global_candidates is None:
             self._counts.append(self._issue_count(info))
 
@@ -89,8 +88,8 @@ class SparseDataDist(Schedule):
     """`sdd` (TorchRec's sparse data dist): the ids exchange of step i+1
     overlaps step i; its counts are read after step i's forward."""
 
-    def upcoming(self, batch: SampleBatch, info: BatchInfo) -> None:
-        self._prefetch(batch, info)
+    def upcoming(self, features: dict[str, Any], info: BatchInfo) -> None:
+        self._prefetch(features, info)
         if not self.embeddings.prefetch_waits_for_gpu():  # counts known: no reason to wait
             self.embeddings.prefetch_ids()
 
@@ -108,8 +107,8 @@ class Prioritized(SparseDataDist):
     prefetch, so the one host read waits for that exchange while the GPU works
     on forward."""
 
-    def __init__(self, model: Any, embeddings: Any, device: torch.device, timer: Any) -> None:
-        super().__init__(model, embeddings, device, timer)
+    def __init__(self, embeddings: Any, device: torch.device, timer: Any) -> None:
+        super().__init__(embeddings, device, timer)
         embeddings.set_prioritized(True)
 
     def flush(self) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+from typing import Any
 
 import numpy as np
 import torch
@@ -13,11 +14,13 @@ from torch.nn.parallel import DistributedDataParallel
 
 from freescale.data.distributions import LengthDistribution
 from freescale.data.sequences import SequenceSampling
-from freescale.data.source import DataSource, open_source
+from freescale.data.source import BUILTIN_KINDS, DataSource, open_source, schema_of
 from freescale.data.synthetic import SyntheticConfig
 from freescale.embedding import SGD, Adam, RowwiseAdagrad, ShardingPlan
 from freescale.embedding.optim import OptimizerConfig
-from freescale.models.sequence import ModelConfig
+from freescale.jagged.schema import DataSchema
+from freescale.models import sequence
+from freescale.models.contract import check_model, load_object
 from freescale.pipeline.config import TrainConfig
 
 
@@ -45,6 +48,14 @@ def seed_everything(cfg: TrainConfig) -> None:
 
 
 def make_source(cfg: TrainConfig) -> DataSource:
+    kind = cfg.data.partition(":")[0]
+    if kind not in BUILTIN_KINDS:  # package.module:factory
+        source = load_object(cfg.data, "data")(**cfg.data_options)
+        if not callable(getattr(source, "batch", None)):
+            raise ValueError(f"data={cfg.data!r} returned {type(source).__name__}, no DataSource")
+        return source
+    if cfg.data_options:
+        raise ValueError(f"data.* options go to a data factory; data={cfg.data!r} takes none")
     synthetic = SyntheticConfig(
         num_items=cfg.num_items,
         zipf_alpha=cfg.zipf_alpha,
@@ -68,9 +79,12 @@ def make_source(cfg: TrainConfig) -> DataSource:
     return open_source(cfg.data, synthetic, sampling)
 
 
-def check_data(cfg: TrainConfig, world_size: int) -> DataSource:
-    """Fail at start, in the launching process, if the data cannot feed the run."""
-    source = make_source(cfg)
+def check_data(cfg: TrainConfig, world_size: int, source: DataSource | None = None) -> DataSource:
+    """Fail at start, in the launching process, if the data cannot feed the run.
+
+    ``source``: a `DataSource` object given in Python instead of ``cfg.data``."""
+    source = make_source(cfg) if source is None else source
+    schema_of(source)  # a malformed schema fails here
     if hasattr(source, "steps_per_epoch"):  # file data: epochs repeat, any step count
         counts = source.split_counts()
         if source.steps_per_epoch(world_size, cfg.batch_size) < 1:
@@ -95,18 +109,37 @@ def check_data(cfg: TrainConfig, world_size: int) -> DataSource:
     return source
 
 
-def model_config(cfg: TrainConfig, num_items: int, num_actions: int) -> ModelConfig:
-    """The model for ``cfg`` with table sizes taken from the data, never a default."""
-    return ModelConfig(
-        num_items=num_items,
-        num_actions=num_actions,
-        dim=cfg.dim,
-        heads=cfg.heads,
-        layers=cfg.layers,
-        attention=cfg.attention,
-        graphs=cfg.dense_graphs,
-        graph_streams=cfg.dense_graph_streams,
-    )
+def build_model(cfg: TrainConfig, schema: DataSchema, model: Any = None) -> nn.Module:
+    """The run's model: ``model`` (an ``nn.Module`` or a factory) when given,
+    else ``cfg.model``'s factory, else the built-in sequence model; table
+    sizes come from the data's ``schema``, never a default."""
+    where = "the model"
+    if model is None and cfg.model:
+        model, where = load_object(cfg.model, "model"), f"model={cfg.model}"
+    if model is None:
+        built: Any = sequence.build(
+            schema,
+            **{
+                "dim": cfg.dim,
+                "heads": cfg.heads,
+                "layers": cfg.layers,
+                "attention": cfg.attention,
+                "graphs": cfg.dense_graphs,
+                "graph_streams": cfg.dense_graph_streams,
+                **cfg.model_options,
+            },
+        )
+    elif isinstance(model, nn.Module):
+        if cfg.model_options:
+            raise ValueError("model.* options go to a model factory, not to a model object")
+        built = model
+    else:
+        try:
+            built = model(schema, **cfg.model_options)
+        except TypeError as e:
+            raise ValueError(f"{where}: factory(schema, **model options) failed: {e}") from None
+    check_model(built, where)
+    return built
 
 
 def embedding_optimizer(cfg: TrainConfig) -> OptimizerConfig:
@@ -117,10 +150,19 @@ def embedding_optimizer(cfg: TrainConfig) -> OptimizerConfig:
     return Adam(lr=cfg.emb_lr)
 
 
-def sharding_plan(cfg: TrainConfig) -> ShardingPlan:
+def sharding_plan(cfg: TrainConfig, model: nn.Module) -> ShardingPlan:
+    """Row-wise shard exactly the modules the model names (`sharded_modules`)."""
+    modules = tuple(model.sharded_modules)  # type: ignore[attr-defined]
     return ShardingPlan(
-        optimizer=embedding_optimizer(cfg), assignment=cfg.assignment, modules=("item_emb",)
+        optimizer=embedding_optimizer(cfg),
+        assignment=cfg.assignment,
+        modules=tuple(glob_escape(p) for p in modules),
     )
+
+
+def glob_escape(path: str) -> str:
+    """``path`` as a pattern matching only itself (plans take glob patterns)."""
+    return "".join(f"[{c}]" if c in "*?[" else c for c in path)
 
 
 class DenseSync:

@@ -21,15 +21,17 @@ import torch.distributed as dist
 from torch import Tensor
 
 from freescale.comm import make_communicator
+from freescale.data.source import DataSource, schema_of
 from freescale.embedding import swap
 from freescale.jagged.batch import SampleBatch
 from freescale.jagged.ops import copy_to_host, wait_for_copy
-from freescale.models.loss import bce_loss_and_sum, bce_sum, normalized_entropy
-from freescale.models.sequence import SequenceModel
+from freescale.models.contract import has_default_loss
+from freescale.models.loss import bce_loss_and_sum, bce_sum, bce_total, normalized_entropy
 from freescale.pipeline.balancing import BalanceStage, Feed, balance_partitioner, host_lengths
 from freescale.pipeline.checkpoint import Checkpointer, check_resumable
 from freescale.pipeline.config import TrainConfig, trace_window
 from freescale.pipeline.evaluation import evaluate_split, popularity_baseline
+from freescale.pipeline.export import full_state_dict
 from freescale.pipeline.faults import ComputeDelay, applies
 from freescale.pipeline.inputs import InputAgreement, Limits, find_problem
 from freescale.pipeline.liveness import Liveness, gloo_group, mark_stopped
@@ -47,8 +49,8 @@ from freescale.pipeline.nonfinite import NonFiniteCount, skip_flags
 from freescale.pipeline.schedule import SCHEDULES
 from freescale.pipeline.setup import (
     DenseSync,
+    build_model,
     check_data,
-    model_config,
     pick_device,
     seed_everything,
     sharding_plan,
@@ -75,7 +77,8 @@ class StepRecord:
 
     step: int
     info: BatchInfo
-    values: Callable[[], list[float]]  # [bce sum] (+ [positives] if not in info)
+    # [bce sum (, the model's loss sum)], skip flags (, positives if not in info)
+    values: Callable[[], list[float]]
     sections: list
     handle: Any
     eval: dict[str, float] | None = None
@@ -98,21 +101,25 @@ class DenseState:
 
 
 class Trainer:
-    def __init__(self, cfg: TrainConfig) -> None:
+    """One rank's training run of ``cfg``; ``model`` (an ``nn.Module`` or a
+    factory, `freescale.models.contract`) and ``data`` (a `DataSource`)
+    replace ``cfg.model`` / ``cfg.data`` when given."""
+
+    def __init__(self, cfg: TrainConfig, model: Any = None, data: DataSource | None = None) -> None:
         self.cfg = cfg
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.device = pick_device(cfg)
         seed_everything(cfg)
-        self.source = check_data(cfg, self.world)
+        self.source = check_data(cfg, self.world, data)
+        self.schema = schema_of(self.source)
         with self.device:  # initialize on the device: large tables init in ms, not minutes
-            self.model = SequenceModel(
-                model_config(cfg, self.source.num_items, self.source.num_actions)
-            )
+            self.model = build_model(cfg, self.schema, model).to(self.device)
         # One rank exchanges nothing: its communication sections would time
         # identities. Only the data wait is read from the sections there.
         self.timer = SectionTimer(self.device, frozenset({"data"}) if self.world == 1 else None)
         self.comm = make_communicator(cfg.comm_backend, self.device)
-        self.embeddings = swap(self.model, sharding_plan(cfg), self.comm, self.device)
+        self.embeddings = swap(self.model, sharding_plan(cfg, self.model), self.comm, self.device)
+        self.swapped = {p: self.model.get_submodule(p) for p in self.model.sharded_modules}
         self.overlap_comm = self.comm
         if cfg.comm_overlapped and cfg.comm_overlapped != cfg.comm_backend:
             self.overlap_comm = make_communicator(cfg.comm_overlapped, self.device)
@@ -122,7 +129,7 @@ class Trainer:
         self.embeddings.host_checked_inputs = True
         self.dense = DenseSync(self.model, self.timer.seq_mark)
         self.schedule = SCHEDULES[self.schedule_name](
-            self.model, self.embeddings, self.device, self.timer.section
+            self.embeddings, self.device, self.timer.section
         )
         # Listed once: `Module.parameters()` walks the module tree on every call.
         self.dense_params = list(self.model.parameters())
@@ -130,6 +137,7 @@ class Trainer:
         # as gradient scalers pass it): a skipped step leaves weights, moments
         # and its step count alone without the host reading the flag.
         self.optimizer = torch.optim.Adam(self.dense_params, lr=cfg.dense_lr, fused=True)
+        self.default_loss = has_default_loss(self.model)
         self.guard = self.embeddings.guard_nonfinite()
         self.nonfinite = NonFiniteCount(cfg.nonfinite, cfg.nonfinite_max_skips)
         self.autocast = torch.autocast(
@@ -155,7 +163,7 @@ class Trainer:
         self.writer = JsonLines(cfg.metrics_path if self.rank == 0 else "", append=bool(cfg.resume))
         self.liveness = Liveness(self.rank, self.world, cfg.timeout_s)
         self.stop_agreed = False  # every rank saw a stop request in the same metrics gather
-        limits = Limits(self.source.num_items, self.model.cfg.num_actions)
+        limits = Limits.of(self.schema)
         self.inputs = InputAgreement(self.metrics_group, self.rank, self.world, limits)
         self.checkpoints = Checkpointer(
             cfg.checkpoint_dir,
@@ -169,18 +177,38 @@ class Trainer:
         self.delay_loader_ms = cfg.delay_loader_ms if delayed else 0.0
 
     # ---- stages ------------------------------------------------------------
-    def _train_step(self, batch: SampleBatch, info: BatchInfo) -> tuple[Tensor, Tensor]:
-        """Launch one step: (its BCE sum, its flags of `skip_flags`), read later."""
+    def lookup_features(self, batch: SampleBatch) -> dict[str, Any]:
+        """Every table lookup ``batch`` needs, as the collection's features (one call)."""
+        features: dict[str, Any] = {}
+        for path, value in self.model.embedding_inputs(batch).items():
+            module = self.swapped.get(path)
+            if module is None:
+                raise ValueError(
+                    f"embedding_inputs names {path!r}, which is not among the model's "
+                    f"sharded_modules {sorted(self.swapped)}"
+                )
+            features.update(module.lookup_features(value))
+        return features
+
+    def _train_step(
+        self, batch: SampleBatch, info: BatchInfo, features: dict[str, Any]
+    ) -> tuple[Tensor, Tensor]:
+        """Launch one step: (its [BCE sum(, loss sum)], its flags of `skip_flags`), read later."""
         global_count = self.schedule.global_count(info)
-        with self.autocast:
-            logits = self.dense.ddp(batch, max_uih=info.max_uih, max_candidates=info.max_candidates)
+        batch = batch.with_max_lengths(info.max_uih, info.max_candidates)
+        with self.autocast, self.embeddings.serving(features):
+            logits = self.dense.ddp(batch)
         self.delay_compute()
         self.schedule.after_forward()
         if self.balance is not None:
             # Here the host is far ahead of the GPU (forward only launched kernels);
             # after backward it is not: the sparse update reads sizes back.
             self.balance.stage3()
-        loss, total = bce_loss_and_sum(logits, batch.labels, global_count)
+        if self.default_loss:
+            loss, total = bce_loss_and_sum(logits, batch.labels, global_count)
+        else:  # the model's loss; NE stays that of the logits' BCE
+            loss, own = self.model.loss(logits, batch, global_count)
+            total = torch.stack([bce_total(logits.detach(), batch.labels), own.detach()])
         if min(info.samples, info.uih_tokens, info.candidates) == 0:
             loss = self.dense.cover_all(loss)  # empty parts: every rank reduces every bucket
         loss = self.poison(loss)
@@ -339,8 +367,7 @@ class Trainer:
         profiler = self._profiler()
         start = time.perf_counter()
         feed = Feed(loader, self.balance, cfg.steps, self.timer.section, first, self.inputs.check)
-        nxt = feed.take()
-        self.schedule.upcoming(*nxt[:2])
+        nxt = self._take(feed)
         self.timer.take()  # filling the pipeline is no step's time
         pending: StepRecord | None = None
         host_syncs = contextlib.ExitStack()
@@ -350,15 +377,14 @@ class Trainer:
             if step == cfg.warmup:
                 host_syncs.enter_context(report_host_syncs(cfg.sync_debug, self.rank))
             step_start = self.timer.mark()
-            batch, info, handle = nxt
+            batch, info, handle, features = nxt
             feed.start_future(step)  # balancer stage I for step + 2
             if step + 1 < cfg.steps:
-                nxt = feed.take()
-                self.schedule.upcoming(*nxt[:2])
-            bce, flags = self._train_step(batch, info)
+                nxt = self._take(feed)
+            bce, flags = self._train_step(batch, info, features)
             collision = self.schedule.collision_counts() if step + 1 < cfg.steps else None
             self.timer.add_interval("step", step_start, self.timer.mark())
-            on_device = [bce.reshape(1), flags]
+            on_device = [bce.reshape(-1), flags]
             if math.isnan(info.positives):  # labels moved with the balanced samples
                 on_device.append(batch.labels.sum().double().reshape(1))
             values = torch.cat(on_device).double()  # fp32, bools (and fp64): exact in fp64
@@ -398,8 +424,9 @@ class Trainer:
             "first_step": first,
             "nonfinite_skipped": self.nonfinite.skipped,
         }
-        if self.model.graphs is not None:  # captures after warm-up cost step time
-            extra["dense_graphs_captured"] = self.model.graphs.captures
+        graphs = getattr(self.model, "graphs", None)
+        if graphs is not None:  # captures after warm-up cost step time
+            extra["dense_graphs_captured"] = graphs.captures
         if final:
             extra["eval"] = final
             samples = final["data"]["train_samples"]
@@ -407,6 +434,13 @@ class Trainer:
         if self.stop_agreed:
             extra.update(stopped="SIGTERM", last_step=step)
         return self.summary.final(extra)
+
+    def _take(self, feed: Feed) -> tuple[SampleBatch, BatchInfo, Any, dict[str, Any]]:
+        """The next batch with its lookups, announced to the schedule."""
+        batch, info, handle = feed.take()
+        features = self.lookup_features(batch)
+        self.schedule.upcoming(features, info)
+        return batch, info, handle, features
 
     def _finish_step(self, rec: StepRecord, start: float) -> None:
         """Metrics of a step, one step later (its events and values are done by then)."""
@@ -416,7 +450,9 @@ class Trainer:
         exposed = exposed_by_category(sections)
         collision_part = sum(sections.get(name, 0.0) for name in COLLISION_PART)
         info = rec.info
-        bce, skipped, partial, seen_here, *counted = rec.values()
+        values = rec.values()
+        loss_sum = None if self.default_loss else values.pop(1)
+        bce, skipped, partial, seen_here, *counted = values
         positives = counted[0] if counted else info.positives
         local = RankStep(
             step_ms=step_ms,
@@ -434,6 +470,7 @@ class Trainer:
             stop=float(self.liveness.stop_requested),
             nonfinite=seen_here,
             features=info.features,
+            loss_sum=loss_sum,
         )
         if rec.collision is not None:
             local.collision = tuple(rec.collision())  # type: ignore[assignment]
@@ -500,14 +537,25 @@ class Trainer:
         return prof
 
 
-def run_rank(cfg: TrainConfig) -> dict[str, Any] | None:
-    """Train on this rank (process group initialized); rank 0 returns the summary.
+def run_rank(
+    cfg: TrainConfig, model: Any = None, data: Any = None, state_dict: bool | None = None
+) -> dict[str, Any] | None:
+    """Train on this rank (process group initialized); rank 0 returns the summary
+    (with ``state_dict`` not None, the Python API's result: `freescale.api`).
 
     A collective that timed out is re-raised naming the stuck rank(s).
     """
-    trainer = Trainer(cfg)
+    trainer = Trainer(cfg, model, data)
     try:
-        return trainer.run()
+        summary = trainer.run()
+        if state_dict is None:
+            return summary
+        state = None
+        if state_dict:  # a collective: every rank gathers
+            state = full_state_dict(trainer.model, trainer.embeddings, trainer.swapped)
+        if trainer.rank != 0:
+            return None
+        return {"summary": summary, "steps": trainer.summary.steps, "state_dict": state}
     except RuntimeError as e:
         explained = trainer.liveness.explain_timeout(e)
         if explained is None:

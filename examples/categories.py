@@ -1,0 +1,130 @@
+"""A model FreeScale did not write: items + item categories, mean pooling, its own loss.
+
+Written only against the public API (`freescale.RecModel`, `freescale.DataSchema`,
+`freescale.Feature`, `freescale.SampleBatch`), the way a user would:
+
+- two row-wise sharded tables, ``items`` and ``categories``, each called
+  separately in ``forward`` (FreeScale still looks both up in one exchange
+  per step);
+- a category id per history event (``uih.category``) and per candidate
+  (``candidates.category``), extra features of the data;
+- a user vector = mean of the history's (item + category + action)
+  embeddings; a candidate's score = an MLP of (user, candidate, their product);
+- its own loss: binary cross-entropy against labels smoothed by ``smoothing``.
+
+Train it (any mode, balancer, world size)::
+
+    freescale train --set model=examples.categories:build \\
+        --set data=examples.categories:data --set data.num_categories=50
+
+or from Python (docs/your-model.md)::
+
+    from examples.categories import build, data
+    result = freescale.train(model=build, data=data(num_categories=50), steps=50)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from freescale import DataSchema, Feature, RecModel, SampleBatch
+from freescale.data import LengthDistribution, SyntheticConfig, SyntheticSource
+
+CATEGORY = "category"
+
+
+class CategoryModel(RecModel):
+    sharded_modules = ("items", "categories")
+
+    def __init__(self, schema: DataSchema, dim: int = 32, smoothing: float = 0.05) -> None:
+        super().__init__()
+        self.items = nn.Embedding(schema.num_items, dim)
+        self.categories = nn.Embedding(schema.rows("uih", CATEGORY), dim)
+        self.actions = nn.Embedding(schema.num_actions, dim)  # a few rows: replicated
+        self.mlp = nn.Sequential(nn.Linear(3 * dim, 2 * dim), nn.ReLU(), nn.Linear(2 * dim, 1))
+        self.smoothing = smoothing
+        for table in (self.items, self.categories, self.actions):
+            nn.init.normal_(table.weight, std=0.05)
+
+    def embedding_inputs(self, batch: SampleBatch) -> dict[str, Any]:
+        uih, cand = batch.uih, batch.candidates
+        return {
+            "items": torch.cat([uih["item_ids"], cand["item_ids"]]),
+            "categories": torch.cat([uih[CATEGORY], cand[CATEGORY]]),
+        }
+
+    def forward(self, batch: SampleBatch) -> Tensor:
+        ids = self.embedding_inputs(batch)
+        n_u = batch.uih["item_ids"].shape[0]
+        cats = self.categories(ids["categories"])  # called separately, in any order
+        items = self.items(ids["items"])
+        history = items[:n_u] + cats[:n_u] + self.actions(batch.uih["actions"])
+        user = _segment_mean(history, batch.uih.offsets)
+        cand = items[n_u:] + cats[n_u:]
+        owner = torch.repeat_interleave(
+            torch.arange(batch.batch_size, device=cand.device), batch.num_candidates()
+        )
+        u = user[owner]
+        return self.mlp(torch.cat([u, cand, u * cand], dim=-1)).squeeze(-1)
+
+    def loss(self, logits: Tensor, batch: SampleBatch, normalizer: Any) -> tuple[Tensor, Tensor]:
+        target = batch.labels.float() * (1 - self.smoothing) + 0.5 * self.smoothing
+        total = F.binary_cross_entropy_with_logits(logits.float(), target, reduction="sum")
+        return total / normalizer, total.detach()
+
+
+def _segment_mean(values: Tensor, offsets: Tensor) -> Tensor:
+    """Mean of each segment's rows (zero for an empty segment)."""
+    lengths = offsets.diff()
+    owner = torch.repeat_interleave(torch.arange(lengths.numel(), device=values.device), lengths)
+    sums = values.new_zeros(lengths.numel(), values.shape[1]).index_add(0, owner, values)
+    return sums / lengths.clamp(min=1).unsqueeze(-1).to(values.dtype)
+
+
+def build(schema: DataSchema, dim: int = 32, smoothing: float = 0.05) -> CategoryModel:
+    """The model factory: ``factory(schema, **options)``."""
+    return CategoryModel(schema, dim=dim, smoothing=smoothing)
+
+
+class WithCategories:
+    """A data source whose batches also carry each item's category (a hash of its id)."""
+
+    def __init__(self, source: Any, num_categories: int) -> None:
+        self.source, self.num_categories = source, num_categories
+        self.num_items, self.num_actions = source.num_items, source.num_actions
+        extra = (
+            Feature(CATEGORY, "uih", num_categories),
+            Feature(CATEGORY, "candidates", num_categories),
+        )
+        self.schema = DataSchema.standard(self.num_items, self.num_actions, extra)
+
+    def category(self, ids: Tensor) -> Tensor:
+        return (ids * 2654435761) % self.num_categories  # a fixed hash: same item, same category
+
+    def batch(self, step: int, rank: int, world_size: int, batch_size: int) -> SampleBatch:
+        b = self.source.batch(step, rank, world_size, batch_size)
+        b.uih.features[CATEGORY] = self.category(b.uih["item_ids"])
+        b.candidates.features[CATEGORY] = self.category(b.candidates["item_ids"])
+        return b
+
+    def num_steps(self, world_size: int, batch_size: int) -> int | None:
+        return self.source.num_steps(world_size, batch_size)
+
+
+def data(
+    num_categories: int = 50, num_items: int = 2_000, seed: int = 0, **synthetic: Any
+) -> WithCategories:
+    """The data factory: synthetic long-tail histories with categories."""
+    config = SyntheticConfig(
+        num_items=num_items,
+        seed=seed,
+        max_uih=64,
+        lengths=LengthDistribution(median=24, sigma=0.8, cap=64),
+        max_candidates=4,
+        **synthetic,
+    )
+    return WithCategories(SyntheticSource(config), num_categories)

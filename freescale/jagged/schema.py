@@ -1,0 +1,105 @@
+"""`DataSchema`: the named features a data source's batches carry.
+
+A `SampleBatch` holds features at three levels, each a dict of named
+tensors behind one offsets: ``uih`` (one value per history event),
+``candidates`` (one per candidate) and ``content`` (one per content item of
+a candidate). The schema lists them, and for id features the number of rows
+of the table they index (ids lie in ``[0, rows)``). It is the data's
+description a model is built from (table sizes come from here, never from a
+default) and what every batch is checked against on the host before use
+(`freescale.pipeline.inputs`).
+
+The standard features (what the built-in sources produce and the reference
+model reads) are `standard`'s; sources add their own (a category per history
+event, a candidate's seller, ...) as extra features.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from freescale.jagged.batch import CAND_IDS, CONTENT_IDS, UIH_ACTIONS, UIH_IDS, UIH_TIMESTAMPS
+
+LEVELS = ("uih", "candidates", "content")
+
+
+@dataclass(frozen=True)
+class Feature:
+    """One named feature at ``level``; ``rows``: ids lie in ``[0, rows)`` (None: not ids)."""
+
+    name: str
+    level: str
+    rows: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.level not in LEVELS:
+            raise ValueError(f"feature {self.name!r}: level must be one of {LEVELS}")
+        if not self.name:
+            raise ValueError("a feature needs a name")
+        if self.rows is not None and self.rows < 1:
+            raise ValueError(f"feature {self.name!r}: rows must be >= 1, got {self.rows}")
+
+    @property
+    def key(self) -> str:
+        """``level.name``: unique within a schema (messages and columns use it)."""
+        return f"{self.level}.{self.name}"
+
+
+@dataclass(frozen=True)
+class DataSchema:
+    """The features of a source's batches (standard first, then extras)."""
+
+    features: tuple[Feature, ...]
+    dense_dim: int = 0
+
+    def __post_init__(self) -> None:
+        keys = [f.key for f in self.features]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"duplicate features in the schema: {keys}")
+        if self.dense_dim < 0:
+            raise ValueError("dense_dim must be >= 0")
+
+    @staticmethod
+    def standard(
+        num_items: int, num_actions: int, extra: Iterable[Feature] = (), dense_dim: int = 0
+    ) -> DataSchema:
+        """The built-in sources' features (item ids, actions and timestamps of
+        the history; candidate item ids; content ids) plus ``extra``."""
+        base = (
+            Feature(UIH_IDS, "uih", num_items),
+            Feature(UIH_ACTIONS, "uih", num_actions),
+            Feature(UIH_TIMESTAMPS, "uih"),
+            Feature(CAND_IDS, "candidates", num_items),
+            Feature(CONTENT_IDS, "content", num_items),
+        )
+        return DataSchema(base + tuple(extra), dense_dim)
+
+    def get(self, level: str, name: str) -> Feature:
+        for f in self.features:
+            if f.level == level and f.name == name:
+                return f
+        raise KeyError(f"the data has no {level} feature {name!r}; it has {self.keys()}")
+
+    def rows(self, level: str, name: str) -> int:
+        """Rows of the table ``level.name`` indexes (ValueError if not an id feature)."""
+        rows = self.get(level, name).rows
+        if rows is None:
+            raise ValueError(f"{level} feature {name!r} is not an id feature")
+        return rows
+
+    def keys(self) -> list[str]:
+        return [f.key for f in self.features]
+
+    @property
+    def num_items(self) -> int:
+        return self.rows("uih", UIH_IDS)
+
+    @property
+    def num_actions(self) -> int:
+        return self.rows("uih", UIH_ACTIONS)
+
+    def extras(self) -> tuple[Feature, ...]:
+        """The features beyond `standard`'s, in order."""
+        base = {f.key for f in DataSchema.standard(1, 1).features}
+        return tuple(f for f in self.features if f.key not in base)

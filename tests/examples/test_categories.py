@@ -1,0 +1,149 @@
+"""A model FreeScale did not write (examples/categories.py) through every technique.
+
+Two sharded tables called separately in ``forward``, extra features at two
+levels, its own loss: the three modes give bit-identical losses, tables,
+optimizer state and dense weights at each world size, with and without the
+sequence load balancer; the Python API and the CLI train it; a bad id in one
+of its features is one line on every rank.
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import freescale
+from examples.categories import CATEGORY, WithCategories, build, data
+from freescale.pipeline.config import build_config
+from freescale.pipeline.train import Trainer
+from freescale.testing import run_ranks
+
+TABLES = ("items", "categories")
+
+
+def _run(overrides: list[str], num_categories: int = 30) -> dict:
+    cfg = build_config("demo", [*overrides, "progress=false", "eval_every=0"])
+    trainer = Trainer(cfg, model=build, data=data(num_categories=num_categories))
+    emb = trainer.embeddings
+    before = {t: emb.full_table(t) for t in TABLES}
+    trainer.run()
+    return {
+        "before": before,
+        "losses": [s["loss"] for s in trainer.summary.steps],
+        "ne": [s["ne"] for s in trainer.summary.steps],
+        "tables": {t: emb.full_table(t) for t in TABLES},
+        "state": {t: emb.full_optimizer_state(t) for t in TABLES},
+        "dense": {k: v.detach().clone() for k, v in trainer.model.named_parameters()},
+    }
+
+
+def _assert_same(a: dict, b: dict) -> None:
+    assert a["losses"] == b["losses"]
+    for t in TABLES:
+        assert torch.equal(a["tables"][t], b["tables"][t]), t
+        for k in a["state"][t]:
+            assert torch.equal(a["state"][t][k], b["state"][t][k]), (t, k)
+    assert a["dense"].keys() == b["dense"].keys()
+    for k in a["dense"]:
+        assert torch.equal(a["dense"][k], b["dense"][k]), k
+
+
+def _modes_agree(world: int, balance: str) -> None:
+    common = ["steps=8", "warmup=1", f"nproc={world}", f"balance={balance}", "batch_size=8"]
+    runs = {
+        mode: run_ranks(_run, world, [*common, f"mode={mode}", "prioritize=on"], timeout=240)
+        for mode in ("sync", "sdd", "freescale")
+    }
+    for mode in ("sdd", "freescale"):
+        for rank in range(world):
+            _assert_same(runs["sync"][rank], runs[mode][rank])
+    first = runs["sync"][0]
+    for t in TABLES:  # both sharded tables were trained (rows touched by the batches)
+        changed = (first["tables"][t] != first["before"][t]).any(dim=1)
+        assert 0 < int(changed.sum()), t
+
+
+@pytest.mark.parametrize("balance", ["none", "cost"])
+def test_modes_are_bit_identical_at_two_ranks(balance):
+    _modes_agree(2, balance)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [1, 2, 4])
+@pytest.mark.parametrize("balance", ["none", "fbs", "cost"])
+def test_modes_are_bit_identical_at_every_world_size(world, balance):
+    _modes_agree(world, balance)
+
+
+def test_python_api_gives_summary_steps_and_the_plain_model():
+    result = freescale.train(
+        model=build, data=data(num_categories=30), nproc=1, steps=6, warmup=1,
+        eval_every=0, progress=False, state_dict=True, mode="freescale",
+    )  # fmt: skip
+    assert result is not None and len(result.steps) == 6
+    assert result.summary["steps"] == 6 and result.steps[-1]["loss"] > 0
+    torch.manual_seed(0)  # the trainer's seed: ``initial`` is the model it started from
+    initial = build(data(num_categories=30).schema)
+    plain = build(data(num_categories=30).schema)
+    missing = plain.load_state_dict(result.state_dict)
+    assert not missing.missing_keys and not missing.unexpected_keys
+    for name in ("items", "categories"):
+        trained, start = getattr(plain, name).weight, getattr(initial, name).weight
+        changed = (trained != start).any(dim=1)
+        # rows the batches touched moved, the others are exactly where they started
+        assert 0 < int(changed.sum()) < changed.numel() or name == "categories"
+        assert torch.equal(trained[~changed], start[~changed])
+    batch = data(num_categories=30).batch(0, 0, 1, 4)
+    assert plain(batch).shape == batch.labels.shape
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "freescale.cli.main", "train", *args],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+def test_cli_trains_the_example_by_name():
+    proc = _cli(
+        "--set", "model=examples.categories:build", "--set", "model.dim=16",
+        "--set", "data=examples.categories:data", "--set", "data.num_categories=20",
+        "--set", "steps=4", "--set", "warmup=1", "--set", "eval_every=0",
+        "--set", "progress=false", "--mode", "freescale",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["steps"] == 4 and summary["mode"] == "freescale"
+
+
+class _BadCategory(WithCategories):
+    """Rank 1's batch of step 3 holds a category id beyond the table."""
+
+    def batch(self, step, rank, world_size, batch_size):
+        b = super().batch(step, rank, world_size, batch_size)
+        if step == 3 and rank == 1 and b.uih[CATEGORY].numel():
+            b.uih.features[CATEGORY][-1] = self.num_categories + 7
+        return b
+
+
+def _run_bad(overrides):
+    source = data(num_categories=30)
+    bad = _BadCategory(source.source, 30)
+    trainer = Trainer(
+        build_config("demo", [*overrides, "progress=false", "eval_every=0"]), model=build, data=bad
+    )
+    try:
+        trainer.run()
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+@pytest.mark.parametrize("mode", ["sync", "freescale"])
+def test_bad_id_in_a_user_feature_is_one_line_on_every_rank(mode):
+    out = run_ranks(_run_bad, 2, ["steps=6", f"mode={mode}"], timeout=120)
+    assert out[0] == out[1] and out[0] is not None
+    assert "rank 1, step 3" in out[0] and "uih feature 'category' id 37" in out[0], out[0]
+    assert "outside [0, 30)" in out[0] and "\n" not in out[0]
