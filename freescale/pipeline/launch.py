@@ -56,9 +56,14 @@ def under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
-def launch(cfg: TrainConfig) -> dict[str, Any] | None:
-    """Run training; return rank 0's summary (None on other torchrun ranks)."""
-    check_launch(cfg)
+def launch(cfg: TrainConfig, checked: bool = False) -> dict[str, Any] | None:
+    """Run training; return rank 0's summary (None on other torchrun ranks).
+
+    ``checked``: the caller ran `check_launch` already (the CLI does, before
+    its data check); it is not repeated (it hashes a resumed checkpoint).
+    """
+    if not checked:
+        check_launch(cfg)
     if under_torchrun():
         die_with_parent()  # the torchrun agent
         return _run_initialized(cfg, int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
