@@ -27,6 +27,7 @@ import os
 import pickle
 import re
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -130,13 +131,24 @@ def check_sizes(directory: Path, files: dict[str, list]) -> None:
 
 
 def check_digests(directory: Path, files: dict[str, list], names: Iterable[str]) -> None:
-    """The SHA-256 of each of ``names`` is the manifest's."""
-    for name in names:
+    """The SHA-256 of each of ``names`` is the manifest's. Files are hashed by a
+    few threads at once (hashlib and reads release the GIL): the launcher's
+    check of W ranks' table files takes about the time of one."""
+    names = list(names)
+
+    def digest(name: str) -> str | OSError:
         try:
-            digest = sha256_file(directory / name)
+            return sha256_file(directory / name)
         except OSError as e:
-            raise ValueError(f"checkpoint file {directory / name} cannot be read ({e})") from None
-        if digest != files[name][1]:
+            return e
+
+    workers = max(1, min(len(names), os.cpu_count() or 1, 8))
+    with ThreadPoolExecutor(workers) as pool:
+        digests = list(pool.map(digest, names))
+    for name, got in zip(names, digests, strict=True):  # the first problem in order
+        if isinstance(got, OSError):
+            raise ValueError(f"checkpoint file {directory / name} cannot be read ({got})")
+        if got != files[name][1]:
             raise ValueError(
                 f"checkpoint file {directory / name} was altered or damaged: its SHA-256"
                 " differs from the manifest's"
