@@ -4,7 +4,7 @@ DCP writes two kinds of files: ``.metadata`` (the index: which tensor, which
 chunk, which file, at which offset) and ``__<rank>_<n>.distcp`` (each chunk a
 ``torch.save`` blob). Torch reads the blobs of tensors with
 ``weights_only=True``, but unpickles ``.metadata`` with plain `pickle`, and a
-non-tensor entry with ``weights_only=False``: a crafted index runs whatever
+non-tensor entry without ``weights_only``: a crafted index runs whatever
 it names. Here the index is unpickled by `_IndexUnpickler`, which resolves only
 the handful of classes an index is made of (DCP's metadata dataclasses,
 ``torch.Size``, dtypes, paths), then checked to describe what this package
@@ -78,7 +78,7 @@ def _odd_index(md: Any) -> str:
     if type(md) is not Metadata:
         return f"a {type(md).__name__}"
     for key, entry in md.state_dict_metadata.items():
-        if type(entry) is not TensorStorageMetadata:  # bytes entries load with weights_only=False
+        if type(entry) is not TensorStorageMetadata:  # torch loads bytes entries unrestricted
             return f"{key!r} is a {type(entry).__name__}"
     for info in (md.storage_data or {}).values():
         name = info.relative_path
