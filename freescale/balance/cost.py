@@ -101,16 +101,23 @@ class CostModel:
             self._refit()
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything the fit depends on (checkpoints): rows, coefficients, intercept."""
+        """Everything the fit depends on (checkpoints): rows, coefficients, intercept.
+
+        Arrays go out as float64 tensors (exact): a checkpoint of tensors loads
+        with ``weights_only=True``, one of ndarrays would not.
+        """
         return {
-            "rows": [(f.copy(), t.copy()) for f, t in self._rows],
-            "coef": self._coef.copy(),
+            "rows": [
+                (torch.from_numpy(f.copy()), torch.from_numpy(t.copy())) for f, t in self._rows
+            ],
+            "coef": torch.from_numpy(self._coef.copy()),
             "intercept": self._intercept,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._rows = deque(((f, t) for f, t in state["rows"]), maxlen=self.config.window)
-        self._coef = np.asarray(state["coef"], dtype=np.float64).copy()
+        rows = ((_array(f), _array(t)) for f, t in state["rows"])
+        self._rows = deque(rows, maxlen=self.config.window)
+        self._coef = _array(state["coef"])
         self._intercept = float(state["intercept"])
 
     def predict(self, features: Tensor) -> Tensor:
@@ -162,3 +169,8 @@ def _nonnegative_lstsq(design: np.ndarray, target: np.ndarray, ridge: float) -> 
             return out
         del active[int(np.argmin(coef))]
     return np.zeros(n_cols)
+
+
+def _array(x: Tensor | np.ndarray) -> np.ndarray:
+    """A float64 ndarray of its own (state dicts hold tensors; older ones ndarrays)."""
+    return np.array(torch.as_tensor(x, dtype=torch.float64).numpy(), dtype=np.float64)

@@ -47,7 +47,7 @@ def run_eval(args: argparse.Namespace) -> int:
 
     check_launch(cfg)
     check_data(cfg, cfg.nproc)
-    summary = launch(cfg)
+    summary = launch(cfg, checked=True)
     if summary is not None:
         print(json.dumps({"command": "eval", "checkpoint": str(found), **summary}), flush=True)
     return 0

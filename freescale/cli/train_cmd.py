@@ -63,7 +63,7 @@ def run_train(args: argparse.Namespace) -> int:
     if not under_torchrun():
         check_launch(cfg)  # files, devices, the resume checkpoint
         check_data(cfg, cfg.nproc)  # bad data/config: one line here, not N worker tracebacks
-    summary = launch(cfg)
+    summary = launch(cfg, checked=not under_torchrun())
     if summary is not None:
         print(json.dumps({"command": "train", "preset": args.preset, **summary}), flush=True)
     # Stopped by SIGTERM after a clean step (and checkpoint): the conventional 143.

@@ -7,9 +7,19 @@ A checkpoint taken after step ``n - 1`` is a directory ``step-<n>`` holding
   `freescale.embedding.checkpoint`);
 - ``trainer.pt`` (rank 0): dense weights, the dense optimizer, the balancer's
   state (cost model, AutoTune) - replicated, so written once;
-- ``rank<r>.pt``: that rank's RNG states (python, numpy, torch, CUDA);
-- ``manifest.json`` (rank 0, last): the next step, the world size and the
-  config; a directory with a manifest is complete.
+- ``rank<r>.pt``: that rank's RNG states (python, numpy, torch, CUDA) as
+  tensors (`freescale.pipeline.rng`);
+- ``manifest.json`` (rank 0, last): the format, the next step, the world
+  size, the config, and ``[bytes, sha256]`` of every other file; a directory
+  with a manifest is complete.
+
+Nothing in it runs code on load and nothing damaged is used
+(`freescale.pipeline.checkpoint_files`): ``.pt`` files load with
+``weights_only=True``, the tables through `freescale.embedding.dcp_safe`, and
+every file's size and SHA-256 are checked against the manifest first. The
+ranks split the hashing by bytes, at save and at load; at load they agree on
+the first problem found (`freescale.pipeline.rank_text`), so every rank
+raises the same one-line ValueError before any state changes.
 
 The data position is the step itself: sources are pure functions of
 (step, rank), so the loader restarts at step ``n``.
@@ -25,22 +35,32 @@ would have.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import random
 import shutil
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
 import torch.distributed as dist
 from torch import nn
 
 from freescale.embedding.checkpoint import load as load_tables
 from freescale.embedding.checkpoint import save as save_tables
+from freescale.pipeline.checkpoint_files import (
+    FORMAT,
+    MANIFEST,
+    TABLES,
+    check_manifest,
+    list_files,
+    read_checked,
+    sha256_file,
+    share,
+    write_plain,
+)
+from freescale.pipeline.rank_text import all_gather_text, broadcast_text, first_problem
+from freescale.pipeline.rng import rng_state, set_rng_state
 
-MANIFEST = "manifest.json"
 PREFIX = "step-"
 # Config keys that define the model, its tables, the data stream and the
 # world: a checkpoint resumes only into a run with the same values. Others
@@ -61,15 +81,39 @@ def find_checkpoint(path: str | os.PathLike) -> Path | None:
     if not p.is_dir():
         return None
     done = [c for c in p.glob(f"{PREFIX}*") if c.is_dir() and (c / MANIFEST).is_file()]
-    return max(done, key=lambda c: read_manifest(c)["step"], default=None)
+    return max(done, key=_step, default=None)
+
+
+def _step(checkpoint: Path) -> int:
+    """The step in ``checkpoint``'s manifest, of any format (ValueError if unreadable)."""
+    file = checkpoint / MANIFEST
+    try:
+        step = json.loads(file.read_text())["step"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"checkpoint file {file} cannot be read ({e})") from None
+    if not isinstance(step, int):
+        raise ValueError(f"checkpoint file {file} is malformed (step {step!r})")
+    return step
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
-    return json.loads((path / MANIFEST).read_text())
+    """The manifest of the checkpoint ``path``, checked for form (ValueError, one line)."""
+    file = path / MANIFEST
+    try:
+        manifest = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"checkpoint file {file} cannot be read ({e})") from None
+    check_manifest(manifest, file)
+    return manifest
 
 
-def check_resumable(resume: str, config: dict[str, Any], world: int) -> Path:
-    """The checkpoint a run would resume from; ValueError (one line) if unusable."""
+def check_resumable(resume: str, config: dict[str, Any], world: int, verify: bool = True) -> Path:
+    """The checkpoint a run would resume from; ValueError (one line) if unusable.
+
+    ``verify``: also check every file (sizes, SHA-256, plain content; seconds
+    per 10 GB). The launcher does; the ranks check again, sharing the work,
+    in `Checkpointer.load`.
+    """
     found = find_checkpoint(resume)
     if found is None:
         raise ValueError(f"resume: no complete checkpoint in {resume!r}")
@@ -85,33 +129,9 @@ def check_resumable(resume: str, config: dict[str, Any], world: int) -> Path:
         )
     if manifest["step"] >= config["steps"] and not config.get("eval_only"):
         raise ValueError(f"resume: {found} is at step {manifest['step']}; steps={config['steps']}")
+    if verify:
+        read_checked(found, manifest, range(world), manifest["files"])
     return found
-
-
-def rng_state() -> dict[str, Any]:
-    state = {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _write(obj: Any, path: Path) -> None:
-    with open(path, "wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def _fsync_dir(path: Path) -> None:
@@ -154,14 +174,24 @@ class Checkpointer:
             shutil.rmtree(partial, ignore_errors=True)  # left by a crash mid-save
             partial.mkdir(parents=True)
         self._barrier()
-        save_tables(tables, partial / "tables", process_group=self.group)
-        _write({"rng": rng_state()}, partial / f"rank{self.rank}.pt")
+        save_tables(tables, partial / TABLES, process_group=self.group)
+        write_plain({"rng": rng_state()}, partial / f"rank{self.rank}.pt")
         if self.rank == 0:
-            _write({k: v.state_dict() for k, v in replicated.items()}, partial / "trainer.pt")
+            write_plain({k: v.state_dict() for k, v in replicated.items()}, partial / "trainer.pt")
         self._barrier()  # every rank's files are on disk
+        files = self._digests(partial)
         if self.rank == 0:
-            manifest = {"step": next_step, "world_size": self.world, "config": self.config}
-            (partial / MANIFEST).write_text(json.dumps(manifest))
+            manifest = {
+                "format": FORMAT,
+                "step": next_step,
+                "world_size": self.world,
+                "config": self.config,
+                "files": files,
+            }
+            with open(partial / MANIFEST, "w") as f:
+                f.write(json.dumps(manifest))
+                f.flush()
+                os.fsync(f.fileno())
             _fsync_dir(partial)
             old = final.with_name(final.name + ".old")
             if final.exists():  # the same step again (e.g. stopped right after a resume)
@@ -173,24 +203,57 @@ class Checkpointer:
         self._barrier()
         return final
 
-    def _prune(self) -> None:
-        assert self.directory is not None
-        done = sorted(
-            (c for c in self.directory.glob(f"{PREFIX}*") if (c / MANIFEST).is_file()),
-            key=lambda c: read_manifest(c)["step"],
+    def _digests(self, directory: Path) -> dict[str, list]:
+        """``[bytes, sha256]`` of every file in ``directory``: rank 0 lists them,
+        each rank hashes its `share`, every rank gets all digests."""
+        listing = json.loads(
+            broadcast_text(json.dumps(list_files(directory)), self.group, self.world)
         )
+        mine = share(listing, self.world)[self.rank]
+        digests = json.dumps({name: sha256_file(directory / name) for name in mine})
+        found: dict[str, str] = {}
+        for part in all_gather_text(digests, self.group, self.world):
+            found.update(json.loads(part))
+        return {name: [size, found[name]] for name, size in listing.items()}
+
+    def _prune(self) -> None:
+        """Drop all but the newest ``keep`` (a damaged manifest: left alone)."""
+        assert self.directory is not None
+        steps = {}
+        for c in self.directory.glob(f"{PREFIX}*"):
+            with contextlib.suppress(ValueError):
+                if (c / MANIFEST).is_file():
+                    steps[c] = _step(c)
+        done = sorted(steps, key=steps.__getitem__)
         for c in done[: max(0, len(done) - self.keep)]:
             shutil.rmtree(c, ignore_errors=True)
 
     def load(self, path: Path, tables: nn.Module, replicated: dict[str, Any]) -> int:
-        """Restore everything from ``path``; return the step to continue at."""
-        manifest = read_manifest(path)
-        load_tables(tables, path / "tables", process_group=self.group)
-        state = torch.load(path / "trainer.pt", weights_only=False)
-        for key, obj in replicated.items():
-            if key in state:
-                obj.load_state_dict(state[key])
-            elif key in ("model", "optimizer"):  # a balancer may be new on resume
+        """Restore everything from ``path``; return the step to continue at.
+
+        Every file is checked first (this rank hashes its `share`, all read
+        the plain files); the first problem any rank found is every rank's
+        ValueError, raised before any state changes.
+        """
+        trainer, rng, problem = None, None, ""
+        try:
+            manifest = read_manifest(path)
+            sizes = {name: size for name, (size, _) in manifest["files"].items()}
+            mine = share(sizes, self.world)[self.rank]
+            trainer, rngs = read_checked(path, manifest, [self.rank], mine)
+            rng = rngs[self.rank]
+        except Exception as e:  # any rank's problem is every rank's (no rank left waiting)
+            problem = str(e) if isinstance(e, ValueError) else f"checkpoint {path}: {e!r}"
+        problem = first_problem(problem, self.group, self.world)
+        if problem:
+            raise ValueError(problem)
+        assert trainer is not None and rng is not None
+        for key in ("model", "optimizer"):  # a balancer may be new on resume
+            if key in replicated and key not in trainer:
                 raise ValueError(f"resume: {path} holds no {key} state")
-        set_rng_state(torch.load(path / f"rank{self.rank}.pt", weights_only=False)["rng"])
+        load_tables(tables, path / TABLES, process_group=self.group)
+        for key, obj in replicated.items():
+            if key in trainer:
+                obj.load_state_dict(trainer[key])
+        set_rng_state(rng)
         return int(manifest["step"])

@@ -46,7 +46,11 @@ def check_launch(cfg: TrainConfig) -> None:
     if cfg.checkpoint_dir:
         _writable_dir("checkpoint_dir", Path(cfg.checkpoint_dir))
     if cfg.resume:
-        check_resumable(cfg.resume, cfg.as_dict(), world)
+        # Spawning ranks here: check every file now (one line, rc 2, before any
+        # rank). Under torchrun each process is a rank: they check the files
+        # together, sharing the hashing, in `Checkpointer.load`.
+        torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+        check_resumable(cfg.resume, cfg.as_dict(), world, verify=not torchrun)
 
 
 def _writable_dir(key: str, directory: Path) -> None:

@@ -58,15 +58,23 @@ def under_torchrun() -> bool:
 
 
 def launch(
-    cfg: TrainConfig, model: Any = None, data: Any = None, state_dict: bool | None = None
+    cfg: TrainConfig,
+    model: Any = None,
+    data: Any = None,
+    state_dict: bool | None = None,
+    checked: bool = False,
 ) -> dict[str, Any] | None:
     """Run training; return rank 0's summary (None on other torchrun ranks).
 
     Python API (`freescale.api`): ``model`` / ``data`` objects replace the
     config's, and with ``state_dict`` not None rank 0 returns
     ``{"summary", "steps", "state_dict"}``; one rank then runs in this
-    process (no pickling of what a notebook defined)."""
-    check_launch(cfg)
+    process (no pickling of what a notebook defined). ``checked``: the
+    caller ran `check_launch` already (the CLI does, before its data check);
+    it is not repeated (it hashes a resumed checkpoint).
+    """
+    if not checked:
+        check_launch(cfg)
     job = RankJob(model, data, state_dict)
     if under_torchrun():
         die_with_parent()  # the torchrun agent

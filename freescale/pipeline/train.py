@@ -323,7 +323,8 @@ class Trainer:
         if not self.cfg.resume:
             return 0
         # The launcher checked it already; API users get the same one-line errors.
-        path = check_resumable(self.cfg.resume, self.cfg.as_dict(), self.world)
+        # The files are checked by every rank together in `Checkpointer.load`.
+        path = check_resumable(self.cfg.resume, self.cfg.as_dict(), self.world, verify=False)
         return self.checkpoints.load(path, self.embeddings, self._state())
 
     def save_checkpoint(self, next_step: int) -> None:

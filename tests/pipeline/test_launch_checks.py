@@ -51,10 +51,11 @@ def test_bad_values_fail_in_the_launcher_with_one_line(capsys, args, message):
 
 
 def _fake_checkpoint(path, **config) -> None:
-    """A complete checkpoint as far as the launcher reads it (its manifest)."""
+    """A complete checkpoint as far as the launcher reads it before its files (the manifest)."""
     path.mkdir(parents=True)
     cfg = {**build_config("demo", []).as_dict(), **config}
-    (path / "manifest.json").write_text(json.dumps({"step": 5, "world_size": 2, "config": cfg}))
+    manifest = {"format": 2, "step": 5, "world_size": 2, "config": cfg, "files": {}}
+    (path / "manifest.json").write_text(json.dumps(manifest))
 
 
 def test_resume_checks_the_checkpoint_in_the_launcher(capsys, tmp_path):
