@@ -69,7 +69,7 @@ SAME_RUN_KEYS = (
     "nproc", "batch_size", "seed", "data", "num_items", "max_uih", "length_median",
     "length_sigma", "length_cap", "zipf_alpha", "step_overlap", "max_candidates",
     "max_content", "dim", "item_dim", "heads", "layers", "emb_optimizer", "assignment",
-    "samples_per_user", "target_stride", "shuffle",
+    "samples_per_user", "target_stride", "shuffle", "model", "model_options", "data_options",
 )  # fmt: skip
 
 
