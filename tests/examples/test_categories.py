@@ -62,7 +62,7 @@ def _modes_agree(world: int, balance: str) -> None:
     first = runs["sync"][0]
     for t in TABLES:  # both sharded tables were trained (rows touched by the batches)
         changed = (first["tables"][t] != first["before"][t]).any(dim=1)
-        assert 0 < int(changed.sum()), t
+        assert int(changed.sum()) > 0, t
 
 
 @pytest.mark.parametrize("balance", ["none", "cost"])

@@ -6,10 +6,10 @@ import torch
 
 pytest.importorskip("torchrec")
 
-from examples.torchrec_style import build  # noqa: E402
-from freescale.pipeline.config import build_config  # noqa: E402
-from freescale.pipeline.train import Trainer  # noqa: E402
-from freescale.testing import run_ranks  # noqa: E402
+from examples.torchrec_style import build
+from freescale.pipeline.config import build_config
+from freescale.pipeline.train import Trainer
+from freescale.testing import run_ranks
 
 TABLES = ("ec.items", "ec.actions")
 
