@@ -9,7 +9,7 @@ from freescale.jagged.tensor import JaggedFeatures
 from freescale.models import hstu_attention as hattn
 from freescale.models.hstu import CAND_TIMESTAMPS, HSTUConfig, HSTUModel
 from freescale.testing.batches import random_batch
-from freescale.testing.tolerance import assert_reordered_close
+from freescale.testing.tolerance import SAFETY, assert_reordered_close, eps_of
 
 DIM, LAYERS = 16, 2
 
@@ -51,11 +51,17 @@ CASES = {
 }
 
 
-def _run(m: HSTUModel, batch: SampleBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def _run(
+    m: HSTUModel, batch: SampleBatch, amp: bool = False
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Logits and every parameter's gradient of a weighted sum of them (on the CPU)."""
     m.zero_grad(set_to_none=True)
-    logits = m(batch)
-    (logits * torch.linspace(-1, 1, logits.numel())).sum().backward()
-    return logits.detach(), {k: p.grad for k, p in m.named_parameters() if p.grad is not None}
+    with torch.autocast(batch.device.type, dtype=torch.bfloat16, enabled=amp):
+        logits = m(batch)
+    weights = torch.linspace(-1, 1, logits.numel(), device=logits.device)
+    (logits.float() * weights).sum().backward()
+    grads = {k: p.grad.float().cpu() for k, p in m.named_parameters() if p.grad is not None}
+    return logits.detach().float().cpu(), grads
 
 
 @pytest.mark.parametrize("cand_times", [False, True])
@@ -195,3 +201,24 @@ def test_bad_configs_are_one_line():
         HSTUConfig(attention="flash")
     with pytest.raises(ValueError, match="layers"):
         HSTUConfig(layers=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_padded_path_on_gpu_matches_the_cpu_reference():
+    """fp32 on CUDA (the Triton backward of the bias tables included) against
+    the CPU loop, to rounding; bf16 autocast within a few bf16 roundings per layer."""
+    seed, b, max_uih, max_cand = CASES["long"]
+    batch = timed(random_batch(seed, b, max_uih, max_cand, num_items=100), seed, True)
+    ref_logits, ref_grads = _run(model("reference"), batch)
+    logits, grads = _run(model("padded").cuda(), batch.to("cuda"))
+    terms, depth = max(max_uih + 1, 4 * DIM), 2 * LAYERS + 1
+    assert_reordered_close(logits, ref_logits, terms=terms, depth=depth)
+    for name, grad in ref_grads.items():
+        assert_reordered_close(grads[name], grad, terms=terms, depth=depth, msg=name)
+    logits, grads = _run(model("padded").cuda(), batch.to("cuda"), amp=True)
+    bound = SAFETY * eps_of(torch.bfloat16) * depth  # relative, in norm
+    assert float((logits - ref_logits).norm() / ref_logits.norm()) < bound
+    for name in ("item_emb.weight", "layers.0.f1.weight", "layers.0.bias.time.weight"):
+        err = (grads[name] - ref_grads[name]).norm() / ref_grads[name].norm()
+        assert float(err) < bound, name
