@@ -1,11 +1,9 @@
-"""The HSTU-style model learns the synthetic data, and the CLI trains it by name."""
+"""The HSTU-style model learns the synthetic data; the configuration names it."""
 
-import json
-import subprocess
-import sys
-
-from freescale.models.hstu import build
+from freescale.jagged.schema import DataSchema
+from freescale.models.hstu import HSTUModel, build
 from freescale.pipeline.config import build_config
+from freescale.pipeline.setup import build_model
 from freescale.pipeline.train import Trainer
 from freescale.testing import run_ranks
 
@@ -23,17 +21,10 @@ def test_hstu_learns_the_synthetic_data():
     assert last < 0.95 and last < first, evals
 
 
-def test_cli_trains_it_by_name():
-    proc = subprocess.run(
-        [
-            sys.executable, "-m", "freescale.cli.main", "train",
-            "--set", "model=freescale.models.hstu:build", "--set", "model.dim=16",
-            "--set", "nproc=1",
-            "--set", "steps=4", "--set", "warmup=1", "--set", "eval_every=0",
-            "--set", "progress=false", "--mode", "freescale",
-        ],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    summary = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert summary["steps"] == 4 and summary["mode"] == "freescale"
+def test_the_configuration_names_it():
+    """``--set model=freescale.models.hstu:build`` with ``model.KEY`` options
+    (the CLI's path for any factory: tests/examples/test_categories.py runs it)."""
+    cfg = build_config("demo", ["model=freescale.models.hstu:build", "model.dim=16"])
+    built = build_model(cfg, DataSchema.standard(cfg.num_items, 4))
+    assert isinstance(built, HSTUModel) and built.cfg.dim == 16
+    assert built.item_emb.num_embeddings == cfg.num_items

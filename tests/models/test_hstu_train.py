@@ -1,7 +1,7 @@
 """The HSTU-style model through the trainer: the three modes give
 bit-identical losses, table, optimizer state and dense weights at two gloo
 ranks, with and without the load balancer (tests/models/test_hstu_learns.py:
-it learns, and the CLI builds it by name)."""
+it learns, and the configuration names it)."""
 
 import pytest
 import torch
