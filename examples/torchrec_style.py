@@ -34,13 +34,13 @@ class TorchRecStyleModel(RecModel):
         self.ec = EmbeddingCollection(
             tables=[
                 EmbeddingConfig(
-                    name="items",
+                    name="item_table",
                     embedding_dim=dim,
                     num_embeddings=schema.num_items,
                     feature_names=["uih_items", "cand_items"],  # one table, two features
                 ),
                 EmbeddingConfig(
-                    name="actions",
+                    name="action_table",
                     embedding_dim=dim,
                     num_embeddings=schema.num_actions,
                     feature_names=["uih_actions"],

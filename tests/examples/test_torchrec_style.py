@@ -11,14 +11,14 @@ from freescale.pipeline.config import build_config
 from freescale.pipeline.train import Trainer
 from freescale.testing import run_ranks
 
-TABLES = ("ec.items", "ec.actions")
+TABLES = ("ec.item_table", "ec.action_table")
 
 
 def _run(overrides: list[str]) -> dict:
     cfg = build_config("demo", [*overrides, "progress=false", "eval_every=0"])
     trainer = Trainer(cfg, model=build)
     emb = trainer.embeddings
-    before = emb.full_table("ec.items")
+    before = emb.full_table("ec.item_table")
     trainer.run()
     return {
         "losses": [s["loss"] for s in trainer.summary.steps],
@@ -46,4 +46,4 @@ def test_torchrec_style_model_is_bit_identical_across_modes():
             for k in a["dense"]:
                 assert torch.equal(a["dense"][k], b["dense"][k]), (mode, k)
     first = runs["sync"][0]
-    assert (first["tables"]["ec.items"] != first["before"]).any()  # the shared table trained
+    assert (first["tables"]["ec.item_table"] != first["before"]).any()  # the shared table trained
