@@ -147,3 +147,33 @@ def test_bad_id_in_a_user_feature_is_one_line_on_every_rank(mode):
     assert out[0] == out[1] and out[0] is not None
     assert "rank 1, step 3" in out[0] and "uih feature 'category' id 37" in out[0], out[0]
     assert "outside [0, 30)" in out[0] and "\n" not in out[0]
+
+
+def _run_bad_one_rank(overrides):
+    """As `_run_bad`, one rank whose batch of step 3 holds the bad id."""
+    source = data(num_categories=30)
+
+    class BadAtStep3(WithCategories):
+        def batch(self, step, rank, world_size, batch_size):
+            b = super().batch(step, rank, world_size, batch_size)
+            if step == 3 and b.uih[CATEGORY].numel():
+                b.uih.features[CATEGORY][-1] = self.num_categories + 7
+            return b
+
+    cfg = build_config("demo", [*overrides, "progress=false", "eval_every=0"])
+    trainer = Trainer(cfg, model=build, data=BadAtStep3(source.source, 30))
+    try:
+        trainer.run()
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("mode", ["sync", "freescale"])
+def test_bad_id_in_a_user_feature_on_a_gpu_is_one_line(mode):
+    """On a GPU too: the host check names it; no device-side assert, no IndexError."""
+    overrides = ["steps=6", f"mode={mode}", "device=cuda", "nproc=1", "prioritize=on"]
+    (msg,) = run_ranks(_run_bad_one_rank, 1, overrides, timeout=180)
+    assert msg is not None and "step 3" in msg and "uih feature 'category' id 37" in msg, msg
