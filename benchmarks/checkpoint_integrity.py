@@ -116,7 +116,7 @@ def main() -> int:
             return out
 
         checkpoints._digests = timed_digests  # type: ignore[method-assign]
-        path, times["save"] = _timed(checkpoints.save, 1, tables, replicated)
+        path, times["save"] = _timed(checkpoints.save, 1, tables, replicated, 0)
         files = list_files(path)
         nbytes = sum(files.values())
         _evict(path)

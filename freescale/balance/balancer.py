@@ -311,10 +311,15 @@ class LoadBalancer:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore `state_dict`. One saved at another world size (a resumed run
+        with more or fewer ranks) keeps the cost model, whose rows are per-rank
+        observations valid at any world size, and the capacity; AutoTune's
+        per-rank shares and the last per-rank times start afresh."""
         self.cost_model.load_state_dict(state["cost_model"])
-        self.autotune.load_state_dict(state["autotune"])
-        self.last_times_ms = state["last_times_ms"]
         self._capacity = max(self._capacity, int(state["capacity"]))
+        if len(state["autotune"]["shares"]) == self.world_size:
+            self.autotune.load_state_dict(state["autotune"])
+            self.last_times_ms = state["last_times_ms"]
 
     def start_at(self, step: int) -> None:
         """The next `start_stage1` is global step ``step`` (a resumed run)."""

@@ -10,7 +10,9 @@ Training order: position ``p`` of the stream is sample ``p mod N`` of epoch
 ``p // N`` (N training samples), through a permutation seeded by (seed,
 epoch) when shuffling. Global step ``s`` reads positions
 ``[s * W * B, (s + 1) * W * B)`` and every sample is a pure function of
-(seed, p): any world size, sharded or not, sees the same global batches.
+(seed, p): any world size, sharded or not, sees the same stream of samples (a
+resumed run continues it where it stopped, at any world size:
+`freescale.data.stream`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import numpy as np
 import torch
 
 from freescale.data.readers import SequenceDataset
+from freescale.data.stream import SampleStream
 from freescale.data.synthetic import RawSample, samples_to_batch
 from freescale.jagged.batch import SampleBatch
 
@@ -69,7 +72,7 @@ class SequenceSampling:
             )
 
 
-class SequenceSource:
+class SequenceSource(SampleStream):
     """A `DataSource` over a `SequenceDataset`, cycling through epochs."""
 
     def __init__(self, dataset: SequenceDataset, sampling: SequenceSampling | None = None):
@@ -141,12 +144,12 @@ class SequenceSource:
         return _raw(h, lo, t, cand, labels)
 
     def batch(self, step: int, rank: int, world_size: int, batch_size: int) -> SampleBatch:
-        if step < 0 or not 0 <= rank < world_size or batch_size < 0 or not len(self):
+        first = self.first_position(step, rank, world_size, batch_size)
+        if step < 0 or first < 0 or not 0 <= rank < world_size or batch_size < 0 or not len(self):
             raise ValueError(
                 f"step {step} rank {rank}/{world_size} is outside this dataset "
                 f"({len(self)} training samples)"
             )
-        first = (step * world_size + rank) * batch_size
         ids = torch.arange(first, first + batch_size, dtype=torch.int64)
         return samples_to_batch(
             [self.raw_sample(p) for p in range(first, first + batch_size)], ids, 0

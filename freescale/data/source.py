@@ -24,7 +24,13 @@ BUILTIN_KINDS = ("synthetic", *READERS)
 
 class DataSource(Protocol):
     """Where batches come from. Rank ``r`` of ``W`` asks for its own slice of
-    global step ``s``; sources are deterministic so no rank needs another's data."""
+    global step ``s``; sources are deterministic so no rank needs another's data.
+
+    Optional: ``starting_at(step, position) -> DataSource``, the same source
+    with global step ``step`` starting at sample ``position`` of its stream
+    (`freescale.data.stream`). A run resumed at another world size uses it
+    to continue at the sample it stopped at; a source without it is asked
+    for step ``n`` of the new world (`freescale.pipeline.position`)."""
 
     num_items: int
     num_actions: int

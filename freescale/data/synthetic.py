@@ -4,7 +4,8 @@ Sample ``g`` (a global sample index) is a pure function of ``(seed, g)``, so
 the global batch of a step is the same whatever the world size, and every
 rank can generate its own slice with no communication:
 rank ``r`` of ``W`` at step ``s`` with local batch ``B`` holds samples
-``g = (s * W + r) * B + i`` for ``i < B``.
+``g = (s * W + r) * B + i`` for ``i < B`` (a resumed run may start its steps
+elsewhere in the stream: `freescale.data.stream`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import numpy as np
 import torch
 
 from freescale.data.distributions import IdScramble, LengthDistribution, zipf_ranks
+from freescale.data.stream import SampleStream
 from freescale.jagged.batch import (
     CAND_IDS,
     CONTENT_IDS,
@@ -111,7 +113,7 @@ class GroundTruth:
         return 1.0 / (1.0 + np.exp(-logit))
 
 
-class SyntheticSource:
+class SyntheticSource(SampleStream):
     """A `DataSource` of synthetic samples; infinite (``num_steps`` is None)."""
 
     def __init__(self, config: SyntheticConfig | None = None) -> None:
@@ -153,11 +155,11 @@ class SyntheticSource:
 
     def batch(self, step: int, rank: int, world_size: int, batch_size: int) -> SampleBatch:
         """Rank ``rank``'s local batch of global step ``step``."""
-        if not 0 <= rank < world_size or batch_size < 0 or step < 0:
+        first = self.first_position(step, rank, world_size, batch_size)
+        if not 0 <= rank < world_size or batch_size < 0 or step < 0 or first < 0:
             raise ValueError(
                 f"bad batch request: step={step} rank={rank}/{world_size} batch_size={batch_size}"
             )
-        first = (step * world_size + rank) * batch_size
         samples = [self.raw_sample(g) for g in range(first, first + batch_size)]
         if self.config.step_overlap < 1.0:
             samples = [self._step_private(s, step, g) for g, s in enumerate(samples, first)]

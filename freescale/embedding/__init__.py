@@ -6,11 +6,12 @@
   (`freescale.embedding.prioritized`, paper Algorithm 2).
 - `SGD`, `RowwiseAdagrad`, `Adam`: sparse row-wise optimizers.
 - `swap(model, plan)`: replace ``nn.Embedding`` / TorchRec ``EmbeddingCollection``.
-- `save` / `load`: ``torch.distributed.checkpoint`` of shards and optimizer state.
+- `save` / `load`: ``torch.distributed.checkpoint`` of shards and optimizer state;
+  `TableEntries(collection)`: the same as entries any world size loads.
 - `global_count`: the explicit gradient-scaling rule (`freescale.embedding.scaling`).
 """
 
-from freescale.embedding.checkpoint import load, save
+from freescale.embedding.checkpoint import TableEntries, load, save
 from freescale.embedding.collection import ShardedEmbeddingCollection
 from freescale.embedding.config import ShardingPlan, TableConfig
 from freescale.embedding.optim import SGD, Adam, OptimizerConfig, RowwiseAdagrad
@@ -29,6 +30,7 @@ __all__ = [
     "ShardedTorchRecCollection",
     "ShardingPlan",
     "TableConfig",
+    "TableEntries",
     "global_count",
     "load",
     "save",

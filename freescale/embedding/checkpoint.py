@@ -1,11 +1,19 @@
 """Save / load sharded tables and optimizer state with ``torch.distributed.checkpoint``.
 
-Each rank writes only its own shard (state-dict keys carry the rank and world
-size, see `freescale.embedding.store`); DCP writes replicated tensors of a
-whole model once. Loading at the same world size restores every byte; at
-another world size it fails with missing keys instead of scrambling rows.
-Loading runs no code from the files: the index is read by
-`freescale.embedding.dcp_safe`, which refuses anything but plain tensors.
+Two forms of the same state:
+
+- the collection itself: each rank writes its own slots as they lie (keys
+  carry the rank and world size, see `freescale.embedding.store`). Loading
+  at the same world size restores every byte; at another it fails with
+  missing keys instead of scrambling rows.
+- `TableEntries(collection)`: every table in logical row order, a ``DTensor``
+  ``Shard(0)`` of contiguous row chunks (`freescale.embedding.state_dict`,
+  the entries a swapped model's ``state_dict()`` holds). DCP reshards these:
+  saved at W ranks, they load at any W' (the trainer's checkpoints use them).
+
+DCP writes replicated tensors of a whole model once. Loading runs no code
+from the files: the index is read by `freescale.embedding.dcp_safe`, which
+refuses anything but plain tensors.
 """
 
 from __future__ import annotations
@@ -14,10 +22,45 @@ import os
 import re
 from typing import Any
 
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
+from freescale.comm import Communicator, TorchCommunicator
+from freescale.embedding.collection import ShardedEmbeddingCollection
 from freescale.embedding.dcp_safe import SafeReader, read_metadata
+from freescale.embedding.state_dict import load_tables, save_tables
+
+
+class TableEntries(nn.Module):
+    """Every table of ``collection`` with its optimizer state, as entries any world
+    size can load: ``<table>.weight``, ``<table>.optimizer.<state>`` (DTensors,
+    contiguous row chunks) and ``<table>.optimizer.step`` (a replicated scalar).
+
+    ``state_dict()`` and ``load_state_dict()`` are collectives (one AllToAll
+    per tensor). Their rows travel over a torch process group: the collection's
+    own when it has one, else (the SM-free backends) a `TorchCommunicator` on
+    the default group, so each rank only ever holds its chunk, not whole tables.
+    """
+
+    def __init__(self, collection: ShardedEmbeddingCollection) -> None:
+        super().__init__()
+        self.__dict__["collection"] = collection  # its state is ours, not a child's
+        self.names = {name: name for name in collection.tables}
+        self.__dict__["comm"] = _exchange_comm(collection)
+
+    def _save_to_state_dict(self, destination: dict, prefix: str, keep_vars: bool) -> None:
+        save_tables(self.collection, self.names, prefix, destination, comm=self.comm)
+
+    def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any) -> None:
+        load_tables(self.collection, self.names, prefix, state_dict, *args, comm=self.comm)
+
+
+def _exchange_comm(collection: ShardedEmbeddingCollection) -> Communicator:
+    comm = collection.comm
+    if getattr(comm, "group", False) is not False or not dist.is_initialized():
+        return comm  # a torch group, or thread-simulated ranks (whole tables then)
+    return TorchCommunicator(device=collection.device)
 
 
 def save(module: nn.Module, path: str | os.PathLike, process_group: Any = None) -> None:

@@ -150,13 +150,16 @@ def save_tables(
     prefix: str,
     destination: dict,
     weights: bool = True,
+    comm: Communicator | None = None,
 ) -> None:
     """Write ``tables`` ({local name: collection table}) under ``prefix`` (a collective);
     ``weights=False`` writes the optimizer state only. Nothing inside
-    ``collection.tables_left_out()``."""
+    ``collection.tables_left_out()``. ``comm``: the exchanges' communicator
+    (default the collection's; same ranks)."""
     if not collection.tables_in_state_dict:
         return
-    _agree(collection.comm, f"state_dict() of the tables under {prefix!r}")
+    comm = comm or collection.comm
+    _agree(comm, f"state_dict() of the tables under {prefix!r}")
     collection.flush()
     for local_name, name in tables.items():
         base = prefix + (local_name + "." if local_name else "")
@@ -169,7 +172,7 @@ def save_tables(
         named = _named(store, weights)
         for key, tensor in named.items():
             local = store.table_slice(t, tensor).detach()
-            destination[base + key] = _as_global(sharding, collection.comm, local, gather)
+            destination[base + key] = _as_global(sharding, comm, local, gather)
         destination[base + "optimizer.step"] = torch.tensor(collection.step_of(name))
 
 
@@ -184,9 +187,10 @@ def load_tables(
     unexpected_keys: list[str],
     error_msgs: list[str],
     weights: bool = True,
+    comm: Communicator | None = None,
 ) -> None:
     """Read what `save_tables` wrote (or whole plain tables) back into the collection;
-    nothing inside ``collection.tables_left_out()``."""
+    nothing inside ``collection.tables_left_out()``. ``comm`` as in `save_tables`."""
     from torch.distributed.tensor import DTensor
 
     if not collection.tables_in_state_dict:
@@ -194,8 +198,9 @@ def load_tables(
     prio = collection._prio
     if prio is not None and prio.steps:
         raise RuntimeError("load a checkpoint with no prioritized step prefetched")
+    comm = comm or collection.comm
     if any(isinstance(v, DTensor) for k, v in state_dict.items() if k.startswith(prefix)):
-        _agree(collection.comm, f"load_state_dict() of sharded tables under {prefix!r}")
+        _agree(comm, f"load_state_dict() of sharded tables under {prefix!r}")
     collection.flush()
     ours: set[str] = set()
     for local_name, name in tables.items():
@@ -207,9 +212,8 @@ def load_tables(
             if base + key not in state_dict:
                 missing_keys.append(base + key)
                 continue
-            _load_tensor(
-                collection, store, t, target, state_dict[base + key], base + key, error_msgs
-            )
+            src = state_dict[base + key]
+            _load_tensor(comm, store, t, target, src, base + key, error_msgs)
         step_key = base + "optimizer.step"
         if step_key in state_dict:
             store.set_step(t, int(state_dict[step_key]))
@@ -229,7 +233,7 @@ def _named(store: ShardStore, weights: bool) -> dict[str, Tensor]:
 
 @torch.no_grad()
 def _load_tensor(
-    collection: ShardedEmbeddingCollection,
+    comm: Communicator,
     store: ShardStore,
     t: int,
     target: Tensor,
@@ -241,7 +245,7 @@ def _load_tensor(
     if tuple(src.shape[1:]) != tuple(dst.shape[1:]):
         errors.append(f"{key}: row shape {tuple(src.shape[1:])} != {tuple(dst.shape[1:])}")
         return
-    local = _to_local(store.shardings[t], collection.comm, src, key, errors)
+    local = _to_local(store.shardings[t], comm, src, key, errors)
     if local is None:
         return
     valid = store.local_global_ids(t) >= 0

@@ -3,15 +3,17 @@
 A checkpoint taken after step ``n - 1`` is a directory ``step-<n>`` holding
 
 - ``tables/``: the sharded tables and their optimizer state, through
-  ``torch.distributed.checkpoint`` (each rank writes its own shard,
-  `freescale.embedding.checkpoint`);
+  ``torch.distributed.checkpoint`` as `freescale.embedding.TableEntries`:
+  each table a ``DTensor`` of contiguous row chunks, each rank writing its
+  chunk, so any world size can read them (DCP reshards);
 - ``trainer.pt`` (rank 0): dense weights, the dense optimizer, the balancer's
   state (cost model, AutoTune) - replicated, so written once;
 - ``rank<r>.pt``: that rank's RNG states (python, numpy, torch, CUDA) as
   tensors (`freescale.pipeline.rng`);
 - ``manifest.json`` (rank 0, last): the format, the next step, the world
-  size, the config, and ``[bytes, sha256]`` of every other file; a directory
-  with a manifest is complete.
+  size, the samples consumed before the next step, the config, and
+  ``[bytes, sha256]`` of every other file; a directory with a manifest is
+  complete.
 
 Nothing in it runs code on load and nothing damaged is used
 (`freescale.pipeline.checkpoint_files`): ``.pt`` files load with
@@ -21,8 +23,15 @@ ranks split the hashing by bytes, at save and at load; at load they agree on
 the first problem found (`freescale.pipeline.rank_text`), so every rank
 raises the same one-line ValueError before any state changes.
 
-The data position is the step itself: sources are pure functions of
-(step, rank), so the loader restarts at step ``n``.
+Another world size. A checkpoint written by W ranks resumes at any W': the
+tables and their optimizer state reshard exactly; dense weights, Adam and
+the balancer's cost model are replicated and load as they are (AutoTune's
+per-rank shares start afresh at another W); rank ``r`` restores the RNG
+states of saved rank ``r``, or of saved rank 0 where ``r >= W`` (every rank
+is seeded alike and training draws from no global generator, so they are
+equal unless a model draws rank-dependently). The data position: the run
+continues at step ``n``, a source that can continues at the sample it
+stopped at (`freescale.pipeline.position`).
 
 Atomicity: everything is written into ``step-<n>.partial``; after a barrier
 (every rank's files are on disk, fsynced) rank 0 renames it to ``step-<n>``
@@ -58,15 +67,16 @@ from freescale.pipeline.checkpoint_files import (
     share,
     write_plain,
 )
+from freescale.pipeline.position import DataPosition
 from freescale.pipeline.rank_text import all_gather_text, broadcast_text, first_problem
 from freescale.pipeline.rng import rng_state, set_rng_state
 
 PREFIX = "step-"
-# Config keys that define the model, its tables, the data stream and the
-# world: a checkpoint resumes only into a run with the same values. Others
-# (steps, lr, mode, balance, logging, ...) may change on resume.
+# Config keys that define the model, its tables and the data stream: a
+# checkpoint resumes only into a run with the same values. Others (steps, lr,
+# mode, balance, logging, the world size, ...) may change on resume.
 SAME_RUN_KEYS = (
-    "nproc", "batch_size", "seed", "data", "num_items", "max_uih", "length_median",
+    "batch_size", "seed", "data", "num_items", "max_uih", "length_median",
     "length_sigma", "length_cap", "zipf_alpha", "step_overlap", "max_candidates",
     "max_content", "dim", "item_dim", "heads", "layers", "emb_optimizer", "assignment",
     "samples_per_user", "target_stride", "shuffle", "model", "model_options", "data_options",
@@ -107,7 +117,7 @@ def read_manifest(path: Path) -> dict[str, Any]:
     return manifest
 
 
-def check_resumable(resume: str, config: dict[str, Any], world: int, verify: bool = True) -> Path:
+def check_resumable(resume: str, config: dict[str, Any], verify: bool = True) -> Path:
     """The checkpoint a run would resume from; ValueError (one line) if unusable.
 
     ``verify``: also check every file (sizes, SHA-256, plain content; seconds
@@ -123,14 +133,10 @@ def check_resumable(resume: str, config: dict[str, Any], world: int, verify: boo
     if diff:
         pairs = ", ".join(f"{k}={saved[k]!r} (this run: {config.get(k)!r})" for k in diff)
         raise ValueError(f"resume: {found} was written with {pairs}")
-    if manifest["world_size"] != world:
-        raise ValueError(
-            f"resume: {found} was written by {manifest['world_size']} ranks, not {world}"
-        )
     if manifest["step"] >= config["steps"] and not config.get("eval_only"):
         raise ValueError(f"resume: {found} is at step {manifest['step']}; steps={config['steps']}")
     if verify:
-        read_checked(found, manifest, range(world), manifest["files"])
+        read_checked(found, manifest, range(manifest["world_size"]), manifest["files"])
     return found
 
 
@@ -161,11 +167,15 @@ class Checkpointer:
         if self.world > 1:
             dist.barrier(group=self.group)
 
-    def save(self, next_step: int, tables: nn.Module, replicated: dict[str, Any]) -> Path:
+    def save(
+        self, next_step: int, tables: nn.Module, replicated: dict[str, Any], samples_seen: int
+    ) -> Path:
         """Write the checkpoint of a run that continues at ``next_step``.
 
-        ``replicated``: objects with ``state_dict()`` that are equal on every
-        rank (dense model, optimizer, balancer); rank 0 writes them.
+        ``tables``: a module whose ``state_dict()`` DCP saves (the trainer's:
+        `TableEntries`). ``replicated``: objects with ``state_dict()`` that are
+        equal on every rank (dense model, optimizer, balancer); rank 0 writes
+        them. ``samples_seen``: samples consumed before ``next_step``, all ranks.
         """
         assert self.directory is not None, "save needs a checkpoint directory"
         final = self.directory / f"{PREFIX}{next_step:08d}"
@@ -185,6 +195,7 @@ class Checkpointer:
                 "format": FORMAT,
                 "step": next_step,
                 "world_size": self.world,
+                "samples_seen": samples_seen,
                 "config": self.config,
                 "files": files,
             }
@@ -228,8 +239,9 @@ class Checkpointer:
         for c in done[: max(0, len(done) - self.keep)]:
             shutil.rmtree(c, ignore_errors=True)
 
-    def load(self, path: Path, tables: nn.Module, replicated: dict[str, Any]) -> int:
-        """Restore everything from ``path``; return the step to continue at.
+    def load(self, path: Path, tables: nn.Module, replicated: dict[str, Any]) -> DataPosition:
+        """Restore everything from ``path`` (written at any world size); return
+        where the run continues.
 
         Every file is checked first (this rank hashes its `share`, all read
         the plain files); the first problem any rank found is every rank's
@@ -240,8 +252,9 @@ class Checkpointer:
             manifest = read_manifest(path)
             sizes = {name: size for name, (size, _) in manifest["files"].items()}
             mine = share(sizes, self.world)[self.rank]
-            trainer, rngs = read_checked(path, manifest, [self.rank], mine)
-            rng = rngs[self.rank]
+            saved = self.rank if self.rank < manifest["world_size"] else 0
+            trainer, rngs = read_checked(path, manifest, [saved], mine)
+            rng = rngs[saved]
         except Exception as e:  # any rank's problem is every rank's (no rank left waiting)
             problem = str(e) if isinstance(e, ValueError) else f"checkpoint {path}: {e!r}"
         problem = first_problem(problem, self.group, self.world)
@@ -256,4 +269,4 @@ class Checkpointer:
             if key in trainer:
                 obj.load_state_dict(trainer[key])
         set_rng_state(rng)
-        return int(manifest["step"])
+        return DataPosition(manifest["step"], manifest["samples_seen"], manifest["world_size"])

@@ -36,7 +36,9 @@ import torch
 from freescale.embedding.dcp_safe import check_blobs, data_files, read_metadata
 from freescale.pipeline.rng import check_rng_state
 
-FORMAT = 2  # 1 (no "format" key): pickled RNG states and balancer arrays, no digests
+# 1 (no "format" key): pickled RNG states and balancer arrays, no digests;
+# 2: tables as each rank's slots (same world size only), no samples_seen
+FORMAT = 3
 MANIFEST = "manifest.json"
 TABLES = "tables"
 _CHUNK = 16 << 20  # hashlib releases the GIL on large updates
@@ -93,15 +95,21 @@ def check_manifest(manifest: Any, where: Path) -> None:
             f" reads format {FORMAT}"
         )
     files = manifest.get("files")
+    step, seen, world = (manifest.get(k) for k in ("step", "samples_seen", "world_size"))
     good = (
-        isinstance(manifest.get("step"), int)
-        and isinstance(manifest.get("world_size"), int)
+        isinstance(step, int)
+        and isinstance(seen, int)
+        and isinstance(world, int)
+        and min(step, seen) >= 0
+        and world >= 1
         and isinstance(manifest.get("config"), dict)
         and isinstance(files, dict)
         and all(_entry_ok(k, v) for k, v in files.items())
     )
     if not good:
-        raise ValueError(f"checkpoint file {where} is malformed (step, world_size, config, files)")
+        raise ValueError(
+            f"checkpoint file {where} is malformed (step, world_size, samples_seen, config, files)"
+        )
 
 
 def _entry_ok(name: Any, entry: Any) -> bool:

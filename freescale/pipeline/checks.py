@@ -50,7 +50,7 @@ def check_launch(cfg: TrainConfig) -> None:
         # rank). Under torchrun each process is a rank: they check the files
         # together, sharing the hashing, in `Checkpointer.load`.
         torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
-        check_resumable(cfg.resume, cfg.as_dict(), world, verify=not torchrun)
+        check_resumable(cfg.resume, cfg.as_dict(), verify=not torchrun)
 
 
 def _writable_dir(key: str, directory: Path) -> None:

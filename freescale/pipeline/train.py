@@ -22,7 +22,7 @@ from torch import Tensor
 
 from freescale.comm import make_communicator
 from freescale.data.source import DataSource, schema_of
-from freescale.embedding import swap
+from freescale.embedding import TableEntries, swap
 from freescale.jagged.batch import SampleBatch
 from freescale.jagged.ops import copy_to_host, wait_for_copy
 from freescale.models.contract import has_default_loss
@@ -46,6 +46,7 @@ from freescale.pipeline.metrics import (
     summarize_step,
 )
 from freescale.pipeline.nonfinite import NonFiniteCount, skip_flags
+from freescale.pipeline.position import DataPosition, resume_record, resumed_source
 from freescale.pipeline.schedule import SCHEDULES
 from freescale.pipeline.setup import (
     DenseSync,
@@ -112,6 +113,9 @@ class Trainer:
         seed_everything(cfg)
         self.source = check_data(cfg, self.world, data)
         self.schema = schema_of(self.source)
+        # Where training starts in the data (`restore` moves it), and what it reads.
+        self.position = DataPosition(world_size=self.world)
+        self.train_source, self.data_position = self.source, ""
         with self.device:  # initialize on the device: large tables init in ms, not minutes
             self.model = build_model(cfg, self.schema, model).to(self.device)
         # One rank exchanges nothing: its communication sections would time
@@ -120,6 +124,7 @@ class Trainer:
         self.comm = make_communicator(cfg.comm_backend, self.device)
         self.embeddings = swap(self.model, sharding_plan(cfg, self.model), self.comm, self.device)
         self.swapped = {p: self.model.get_submodule(p) for p in self.model.sharded_modules}
+        self.table_entries = TableEntries(self.embeddings)  # what checkpoints hold
         self.overlap_comm = self.comm
         if cfg.comm_overlapped and cfg.comm_overlapped != cfg.comm_backend:
             self.overlap_comm = make_communicator(cfg.comm_overlapped, self.device)
@@ -319,18 +324,27 @@ class Trainer:
             return self.model.state_dict()
 
     def restore(self) -> int:
-        """Load ``cfg.resume`` (if set); the first step to run."""
+        """Load ``cfg.resume`` (if set, written at any world size); the first step
+        to run. The data continue where `freescale.pipeline.position` says."""
         if not self.cfg.resume:
             return 0
         # The launcher checked it already; API users get the same one-line errors.
         # The files are checked by every rank together in `Checkpointer.load`.
-        path = check_resumable(self.cfg.resume, self.cfg.as_dict(), self.world, verify=False)
-        return self.checkpoints.load(path, self.embeddings, self._state())
+        path = check_resumable(self.cfg.resume, self.cfg.as_dict(), verify=False)
+        self.position = self.checkpoints.load(path, self.table_entries, self._state())
+        self.train_source, self.data_position = resumed_source(self.source, self.position)
+        return self.position.step
+
+    def samples_before(self, step: int) -> int:
+        """Samples (all ranks) consumed before ``step``, resumed runs included."""
+        return self.position.samples_at(step, self.world, self.cfg.batch_size)
 
     def save_checkpoint(self, next_step: int) -> None:
         """Checkpoint a run that continues at ``next_step`` (the tables made exact first)."""
         self.schedule.flush()
-        self.checkpoints.save(next_step, self.embeddings, self._state())
+        self.checkpoints.save(
+            next_step, self.table_entries, self._state(), self.samples_before(next_step)
+        )
 
     def run(self) -> dict[str, Any] | None:
         try:
@@ -345,7 +359,7 @@ class Trainer:
     def _run_from(self, first: int) -> dict[str, Any] | None:
         cfg = self.cfg
         loader = Prefetcher(
-            self.source,
+            self.train_source,
             self.rank,
             self.world,
             cfg.batch_size,
@@ -425,13 +439,15 @@ class Trainer:
             "first_step": first,
             "nonfinite_skipped": self.nonfinite.skipped,
         }
+        if self.data_position:
+            extra["resumed"] = resume_record(self.position, self.data_position)
         graphs = getattr(self.model, "graphs", None)
         if graphs is not None:  # captures after warm-up cost step time
             extra["dense_graphs_captured"] = graphs.captures
         if final:
             extra["eval"] = final
             samples = final["data"]["train_samples"]
-            extra["epochs"] = (step + 1) * self.world * cfg.batch_size / max(samples, 1)
+            extra["epochs"] = self.samples_before(step + 1) / max(samples, 1)
         if self.stop_agreed:
             extra.update(stopped="SIGTERM", last_step=step)
         return self.summary.final(extra)

@@ -180,3 +180,25 @@ def test_config_and_arguments_are_validated():
         )
     with pytest.raises(ValueError):
         lb.observe([1.0, 2.0, 3.0])
+
+
+def test_a_state_of_another_world_size_keeps_the_cost_model_only():
+    """A resumed run with more or fewer ranks: the cost model's rows (per-rank
+    observations) and fit carry over; AutoTune's per-rank shares start afresh."""
+    lb = LoadBalancer(FakeWorld(2).communicator(0))
+    g = torch.Generator().manual_seed(0)
+    for _ in range(4):
+        features = torch.rand(2, 5, generator=g, dtype=torch.float64) * 100
+        lb.observe((features[:, 1] * 0.3 + 1.0).tolist(), features)
+    state = lb.state_dict()
+    assert lb.cost_model.fitted and lb.autotune.shares != (0.5, 0.5)
+    for world in (1, 4):
+        other = LoadBalancer(FakeWorld(world).communicator(0))
+        other.load_state_dict(state)
+        assert other.cost_model.coefficients == lb.cost_model.coefficients
+        assert len(other.cost_model.state_dict()["rows"]) == 4
+        assert other.autotune.shares == tuple([1.0 / world] * world)
+        assert other.last_times_ms is None
+    same = LoadBalancer(FakeWorld(2).communicator(1))
+    same.load_state_dict(state)
+    assert same.autotune.shares == lb.autotune.shares and same.last_times_ms == lb.last_times_ms

@@ -1,10 +1,13 @@
-"""Checkpoint save -> load -> continue equals an uninterrupted run, bit for bit."""
+"""Checkpoint save -> load -> continue equals an uninterrupted run, bit for bit;
+`TableEntries` checkpoints load at another world size."""
+
+import math
 
 import pytest
 import torch
 
 from freescale.comm import TorchCommunicator
-from freescale.embedding import load, save
+from freescale.embedding import TableEntries, load, save
 from freescale.testing import RankError, run_ranks
 from tests.embedding._train import make_collection, pack, run_steps, snapshot, unpack
 
@@ -65,3 +68,56 @@ def test_optimizer_state_without_a_place_is_an_error_on_every_rank(tmp_path):
     messages = run_ranks(_adagrad_into_sgd_rank, 2, str(tmp_path / "ckpt"), timeout=90)
     assert messages[0] == messages[1]
     assert "holds state this module lacks" in messages[0] and "sum_sq" in messages[0]
+
+
+class _NoGroup:
+    """A communicator without a torch process group, as the SM-free ones are."""
+
+    def __init__(self, comm: TorchCommunicator) -> None:
+        self._comm = comm
+
+    def __getattr__(self, name: str):
+        if name == "group":
+            raise AttributeError(name)
+        return getattr(self._comm, name)
+
+
+def _entries_save_rank(path: str) -> bytes:
+    comm = _NoGroup(TorchCommunicator())
+    coll = make_collection(comm, "adam", {"block_size": 2})
+    run_steps(coll, comm, range(5))
+    entries = TableEntries(coll)
+    types = {k: type(v).__name__ for k, v in entries.state_dict().items()}
+    save(entries, path)
+    return pack({"snapshot": snapshot(coll), "types": types})
+
+
+def _entries_load_rank(path: str) -> bytes:
+    comm = TorchCommunicator()
+    coll = make_collection(comm, "adam", {"block_size": 3}, seed=7)  # another layout too
+    load(TableEntries(coll), path)
+    loaded = snapshot(coll)
+    losses = run_steps(coll, comm, range(5, 7))
+    return pack({"snapshot": loaded, "losses": losses})
+
+
+def test_table_entries_saved_at_2_ranks_load_at_1_and_4(tmp_path):
+    """`TableEntries`: weights, Adam moments and step counts load bit for bit at
+    another world size (and sharding layout); rows travel over a torch group
+    even when the collection's communicator has none (SM-free)."""
+    path = str(tmp_path / "ckpt")
+    saved = [unpack(r) for r in run_ranks(_entries_save_rank, 2, path, timeout=90)]
+    types = saved[0]["types"]
+    assert types["items.weight"] == types["items.optimizer.exp_avg"] == "DTensor", types
+    assert types["items.optimizer.step"] == "Tensor"
+    expected = saved[0]["snapshot"]
+    for world in (1, 4):
+        for got in [unpack(r) for r in run_ranks(_entries_load_rank, world, path, timeout=90)]:
+            for name, table in expected.items():
+                mine = got["snapshot"][name]
+                assert mine["step"] == table["step"] == 5
+                assert torch.equal(mine["weight"], table["weight"]), (world, name)
+                assert mine["state"].keys() == table["state"].keys()
+                for key, value in table["state"].items():
+                    assert torch.equal(mine["state"][key], value), (world, name, key)
+            assert all(math.isfinite(x) for x in got["losses"])

@@ -174,7 +174,7 @@ def _damage(ck: Path, how: str) -> str:
         name = "tables/__0_0.distcp"
         data = (ck / name).read_bytes()
         (ck / name).write_bytes(data[:100])
-    elif how == "bit-flipped":  # tensor bytes that only rank 1 hashes: only the digest sees it
+    elif how == "bit-flipped":  # tensor bytes that one rank alone hashes: only the digest sees it
         name = "tables/__1_0.distcp"
         data = bytearray((ck / name).read_bytes())
         data[len(data) // 2] ^= 0x01

@@ -7,6 +7,7 @@ import time
 import pytest
 
 from freescale.cli.main import main
+from freescale.pipeline.checkpoint_files import FORMAT
 from freescale.pipeline.config import build_config
 
 
@@ -54,7 +55,8 @@ def _fake_checkpoint(path, **config) -> None:
     """A complete checkpoint as far as the launcher reads it before its files (the manifest)."""
     path.mkdir(parents=True)
     cfg = {**build_config("demo", []).as_dict(), **config}
-    manifest = {"format": 2, "step": 5, "world_size": 2, "config": cfg, "files": {}}
+    manifest = {"format": FORMAT, "step": 5, "world_size": 2, "samples_seen": 160, "config": cfg}
+    manifest["files"] = {}
     (path / "manifest.json").write_text(json.dumps(manifest))
 
 
@@ -67,8 +69,18 @@ def test_resume_checks_the_checkpoint_in_the_launcher(capsys, tmp_path):
         capsys, "--set", "emb_optimizer=sgd", "--resume", str(tmp_path / "ck")
     )
     assert rc == 2 and "emb_optimizer='adagrad' (this run: 'sgd')" in line, line
-    rc, line, _ = _rc_and_last_line(capsys, "--resume", str(tmp_path / "ck"), "--nproc", "3")
-    assert rc == 2 and "nproc=2 (this run: 3)" in line, line
+    # Another world size is no reason to refuse (the tables reshard): the
+    # check goes on to the files, which this fake does not list.
+    rc, line, _ = _rc_and_last_line(
+        capsys, "--set", "emb_optimizer=adagrad", "--resume", str(tmp_path / "ck"), "--nproc", "3"
+    )
+    assert rc == 2 and "its manifest lists no trainer.pt" in line, line
+    _fake_checkpoint(tmp_path / "ck3" / "step-00000005")
+    manifest = json.loads((tmp_path / "ck3" / "step-00000005" / "manifest.json").read_text())
+    manifest["samples_seen"] = -1
+    (tmp_path / "ck3" / "step-00000005" / "manifest.json").write_text(json.dumps(manifest))
+    rc, line, _ = _rc_and_last_line(capsys, "--resume", str(tmp_path / "ck3"))
+    assert rc == 2 and "is malformed (step, world_size, samples_seen" in line, line
     # a partial (crashed) save is never picked
     (tmp_path / "ck2" / "step-00000009.partial").mkdir(parents=True)
     rc, line, _ = _rc_and_last_line(capsys, "--resume", str(tmp_path / "ck2"))

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from freescale.pipeline.checkpoint import Checkpointer
+from freescale.pipeline.position import DataPosition
 
 
 def _draws() -> list:
@@ -32,10 +33,10 @@ def test_rng_states_round_trip_through_save_and_load(tmp_path):
     tables, dense = nn.Embedding(5, 2), nn.Linear(2, 1)
     replicated = {"model": dense, "optimizer": torch.optim.SGD(dense.parameters(), lr=0.1)}
     checkpoints = Checkpointer(str(tmp_path), every=1, keep=1, config={})
-    path = checkpoints.save(3, tables, replicated)
+    path = checkpoints.save(3, tables, replicated, samples_seen=48)
     expected = _draws()  # what a run continuing from the save draws
     for _ in range(3):
         _draws()  # the generators move on (a later step, or a new process)
     torch.manual_seed(123)
-    assert checkpoints.load(path, tables, replicated) == 3
+    assert checkpoints.load(path, tables, replicated) == DataPosition(3, 48, 1)
     assert _draws() == expected
