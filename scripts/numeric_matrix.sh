@@ -9,9 +9,10 @@
 #   LEGS="3 default" bash scripts/numeric_matrix.sh   # some of them (CI: one)
 #
 # Each leg prints its pytest result line and wall time; the script exits
-# non-zero if any leg failed (its output's tail is printed). Ranks started by
-# freescale.testing.run_ranks take FREESCALE_RANK_THREADS threads and the
-# launcher's CPU ranks OMP_NUM_THREADS, so both follow the leg's count.
+# non-zero if any leg failed (its output's tail is printed). torch caps
+# OMP_NUM_THREADS at the cores it sees, so the count also goes explicitly to
+# the test process (tests/conftest.py) and the ranks of run_ranks
+# (FREESCALE_TEST_THREADS); the launcher's CPU ranks take OMP_NUM_THREADS.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-.venv/bin/python}
@@ -37,10 +38,10 @@ ARGS=("$@")
 for leg in $LEGS; do
   if [ "$leg" = default ]; then
     run_leg "ATEN_CPU_CAPABILITY=default" -u OMP_NUM_THREADS -u MKL_NUM_THREADS \
-      -u FREESCALE_RANK_THREADS ATEN_CPU_CAPABILITY=default
+      -u FREESCALE_TEST_THREADS ATEN_CPU_CAPABILITY=default
   else
     run_leg "OMP_NUM_THREADS=$leg" OMP_NUM_THREADS="$leg" MKL_NUM_THREADS="$leg" \
-      FREESCALE_RANK_THREADS="$leg"
+      FREESCALE_TEST_THREADS="$leg"
   fi
 done
 

@@ -6,9 +6,10 @@ Other ranks are killed, so a test never leaves processes blocked in a
 collective and never blocks CI.
 
 Each rank runs torch with one intra-op thread (ranks share the machine's
-cores), or ``FREESCALE_RANK_THREADS`` of them: scripts/numeric_matrix.sh sets
-it with ``OMP_NUM_THREADS`` so that the ranks' reductions split as the
-matrix's thread count says.
+cores), or ``FREESCALE_TEST_THREADS`` of them, which tests/conftest.py also
+gives the test process itself: scripts/numeric_matrix.sh sets it so that every
+reduction splits as the matrix's thread count says (torch caps
+``OMP_NUM_THREADS`` at the cores it sees; an explicit count is kept).
 """
 
 from __future__ import annotations
@@ -25,11 +26,11 @@ from datetime import timedelta
 from typing import Any
 
 _CTX: Any = None
-THREADS_ENV = "FREESCALE_RANK_THREADS"
+THREADS_ENV = "FREESCALE_TEST_THREADS"
 
 
 def rank_threads() -> int:
-    """Intra-op threads of a rank: ``FREESCALE_RANK_THREADS``, else 1."""
+    """Intra-op threads of a rank: ``FREESCALE_TEST_THREADS``, else 1."""
     value = os.environ.get(THREADS_ENV, "").strip()
     if not value:
         return 1

@@ -92,6 +92,7 @@ def _threads_rank() -> int:
     return torch.get_num_threads()
 
 
+@pytest.mark.numeric  # under scripts/numeric_matrix.sh: the leg's count is really used
 def test_ranks_take_their_thread_count_from_the_environment(monkeypatch):
     from freescale.testing.multirank import THREADS_ENV, rank_threads
 
@@ -107,3 +108,5 @@ def test_ranks_take_their_thread_count_from_the_environment(monkeypatch):
     # run with what it said when the server started.
     monkeypatch.undo()
     assert run_ranks(_threads_rank, 1) == [rank_threads()]
+    if os.environ.get(THREADS_ENV):  # tests/conftest.py gave it to this process too
+        assert torch.get_num_threads() == rank_threads()
