@@ -190,6 +190,15 @@ def _kill(procs: list[Any]) -> None:
             p.join(timeout=5)
 
 
+def _rank_threads(nproc: int) -> int:
+    """A CPU rank's intra-op threads: ``OMP_NUM_THREADS`` when set (the user's
+    choice, and the numeric test matrix's), else the cores shared evenly."""
+    value = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if value.isdigit() and int(value) > 0:
+        return int(value)
+    return max(1, (os.cpu_count() or 1) // nproc)
+
+
 class RankJob:
     """What a rank runs besides the config: the Python API's objects."""
 
@@ -215,7 +224,7 @@ def _spawned(
         LOCAL_WORLD_SIZE=str(cfg.nproc),
     )
     if _backend(cfg) == "gloo":
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // cfg.nproc))
+        torch.set_num_threads(_rank_threads(cfg.nproc))
     store = dist.TCPStore(
         "127.0.0.1", port, is_master=False, timeout=timedelta(seconds=cfg.timeout_s)
     )

@@ -4,6 +4,12 @@ Every distributed test uses `run_ranks`. A rank that raises fails the call
 with that rank's traceback; a rank that hangs (or dies) fails it by timeout.
 Other ranks are killed, so a test never leaves processes blocked in a
 collective and never blocks CI.
+
+Each rank runs torch with one intra-op thread (ranks share the machine's
+cores), or ``FREESCALE_TEST_THREADS`` of them, which tests/conftest.py also
+gives the test process itself: scripts/numeric_matrix.sh sets it so that every
+reduction splits as the matrix's thread count says (torch caps
+``OMP_NUM_THREADS`` at the cores it sees; an explicit count is kept).
 """
 
 from __future__ import annotations
@@ -20,6 +26,17 @@ from datetime import timedelta
 from typing import Any
 
 _CTX: Any = None
+THREADS_ENV = "FREESCALE_TEST_THREADS"
+
+
+def rank_threads() -> int:
+    """Intra-op threads of a rank: ``FREESCALE_TEST_THREADS``, else 1."""
+    value = os.environ.get(THREADS_ENV, "").strip()
+    if not value:
+        return 1
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{THREADS_ENV} must be a positive integer, got {value!r}")
+    return int(value)
 
 
 class RankError(RuntimeError):
@@ -58,7 +75,7 @@ def _worker(
     import torch
     import torch.distributed as dist
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(rank_threads())
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),

@@ -6,10 +6,12 @@ import numpy as np
 import pytest
 
 from freescale.cli.main import main
+from freescale.testing.tolerance import assert_within, regression_tol, sum_slack
 
 SMALL = ["--steps", "4", "--batch-size", "8", "--length-median", "200", "--max-uih", "400"]
 
 
+@pytest.mark.numeric
 def test_simulate_prints_table_and_json_line(capsys):
     argv = ["simulate", "--world-sizes", "2,16", "--balance", "none,fbs,cost", *SMALL]
     assert main(argv) == 0
@@ -31,7 +33,9 @@ def test_simulate_prints_table_and_json_line(capsys):
         sync, fs = get(w, "none", "sync"), get(w, "none", "freescale")
         assert fs["step_ms"] <= sync["step_ms"]  # freescale blocks a subset of sync's comm
         # balancing with the model's own costs (no jitter) cannot raise the straggler %
-        assert get(w, "cost", "sync")["straggler_pct"] <= sync["straggler_pct"] + 1e-9
+        # (up to rounding: float64 percentages of sums over 8 samples x 5 features per rank)
+        slack = sum_slack(8 * 5 * w, 100.0)
+        assert get(w, "cost", "sync")["straggler_pct"] <= sync["straggler_pct"] + slack
 
 
 def test_simulate_rejects_bad_arguments(capsys):
@@ -42,18 +46,25 @@ def test_simulate_rejects_bad_arguments(capsys):
         main(["simulate", "--steps", "x"])
 
 
+@pytest.mark.numeric
 def test_calibrate_then_simulate_end_to_end(tmp_path, capsys):
     """freescale calibrate on step logs with rank_features, then freescale
     simulate --calibration with the file it wrote; both on the CPU in seconds."""
     rng = np.random.default_rng(0)
-    logs = []
+    logs, used, noise = [], [], []  # what the fit sees after the 2 warm-up steps
     for w in (1, 2):
         lines = []
         for step in range(14):
             feats = [
                 [8.0, rng.uniform(1e3, 4e3), rng.uniform(1e6, 1e7), 20.0, 30.0] for _ in range(w)
             ]
-            compute = [5.0 + 1e-3 * f[1] + 1e-7 * f[2] + rng.normal(0, 0.05) for f in feats]
+            drawn = [rng.normal(0, 0.05) for _ in feats]
+            compute = [
+                5.0 + 1e-3 * f[1] + 1e-7 * f[2] + e for f, e in zip(feats, drawn, strict=True)
+            ]
+            if step >= 2:
+                used += feats
+                noise += drawn
             lines.append({"step": step, "compute_ms": compute, "rank_features": feats,
                           "exposed_comm_ms": {"ids_a2a": 0.1 * w, "emb_a2a": 0.3 * w},
                           "step_ms": max(compute) + 0.5, "items": 1})  # fmt: skip
@@ -63,8 +74,12 @@ def test_calibrate_then_simulate_end_to_end(tmp_path, capsys):
     cal = tmp_path / "cal.json"
     assert main(["calibrate", *logs, "--warmup", "2", "--out", str(cal)]) == 0
     fitted = json.loads(cal.read_text())
-    assert fitted["compute"]["b"] == pytest.approx(1e-3, rel=0.1)
-    assert fitted["compute"]["c"] == pytest.approx(1e-7, rel=0.1)
+    # b and c within five standard errors of the noise drawn (the constant
+    # feature columns only share the intercept among themselves).
+    design = np.concatenate([np.ones((len(used), 1)), np.array(used)], axis=1)
+    tol = regression_tol(design, np.array(noise))
+    got = (fitted["compute"]["b"], fitted["compute"]["c"])
+    assert_within(got, (1e-3, 1e-7), tol[2:4])
     assert fitted["fixed_ms"]["emb"] == pytest.approx(0.3)
     capsys.readouterr()
     out_json = tmp_path / "rows.json"
@@ -75,7 +90,7 @@ def test_calibrate_then_simulate_end_to_end(tmp_path, capsys):
     assert "cal.json" in result["calibration"]
     assert json.loads(out_json.read_text()) == result
     for r in result["rows"]:  # the W = 1 fixed exposure is in every step
-        assert r["emb_ms"] >= 0.3 - 1e-9 or r["mode"] == "freescale"
+        assert r["emb_ms"] >= 0.3 - sum_slack(4, r["emb_ms"]) or r["mode"] == "freescale"
 
 
 def test_calibrate_refuses_logs_without_rank_features(tmp_path, capsys):

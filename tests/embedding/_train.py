@@ -23,6 +23,7 @@ from freescale.embedding import (
     TableConfig,
 )
 from freescale.jagged import JaggedTensor
+from freescale.testing.tolerance import adam_step_bound, steps_tol
 
 # feature -> (table, max length per sample)
 FEATURES = {"uih": ("items", 7), "cand": ("items", 3), "act": ("actions", 7), "c2": ("cands", 2)}
@@ -172,11 +173,14 @@ def reference(optimizer: str, steps: int) -> dict:
     state = {name: _ref_state(optimizer, w) for name, w in weights.items()}
     tgt = targets()
     losses = []
+    # The sizes the parity tolerance derives from (`parity_tol`).
+    stats = {"terms": 1, "grad": 0.0, "loss_terms": 1, "loss": 0.0}
     for step in range(steps):
         batch, sample_w = global_batch(step)
         loss = 0.0
         grads = {name: torch.zeros_like(w) for name, w in weights.items()}
         touched = {name: [] for name in weights}
+        counts = {name: torch.zeros(w.shape[0], dtype=torch.int64) for name, w in weights.items()}
         for feature, (lengths, ids) in batch.items():
             table = FEATURES[feature][0]
             w_ids = torch.repeat_interleave(sample_w, lengths)
@@ -185,6 +189,11 @@ def reference(optimizer: str, steps: int) -> dict:
             g = w_ids[:, None] * diff / SAMPLES
             grads[table].index_add_(0, ids, g)
             touched[table].append(ids)
+            counts[table] += torch.bincount(ids, minlength=weights[table].shape[0])
+            stats["loss_terms"] = max(stats["loss_terms"], ids.numel() * diff.shape[1])
+        stats["terms"] = max(stats["terms"], *(int(c.max()) for c in counts.values()))
+        stats["grad"] = max(stats["grad"], *(float(g.abs().max()) for g in grads.values()))
+        stats["loss"] = max(stats["loss"], loss)
         for name in weights:
             rows = torch.unique(torch.cat(touched[name]))
             _ref_update(
@@ -200,7 +209,33 @@ def reference(optimizer: str, steps: int) -> dict:
     tables_out = {
         name: {"weight": weights[name], "state": state[name], "step": steps} for name in weights
     }
-    return {"tables": tables_out, "losses": losses}
+    return {"tables": tables_out, "losses": losses, "stats": stats}
+
+
+def parity_tol(optimizer: str, steps: int, stats: dict) -> dict[str, dict[str, float]]:
+    """Tolerances of sharded training against `reference` over ``steps`` steps.
+
+    The runs differ in the order of each row's duplicate sum (arrival order,
+    chunked, per rank) and of the loss's partial sums. A row's gradient terms
+    ``w_sample · (e - target) / SAMPLES`` share a sign per element (one row,
+    one target), so its rounding error is relative; the optimizer's step
+    carries it with its largest step as the size (`steps_tol`). The state
+    holds ``g`` and ``g²``; the loss is a sum of positive terms.
+    """
+    opt = make_optimizer(optimizer)
+    dim = max(t.dim for t in tables(optimizer))
+    if optimizer == "sgd":
+        step = max(opt.lr_schedule(s) for s in range(1, steps + 1)) * stats["grad"]
+    elif optimizer == "adagrad":
+        step = opt.lr * dim**0.5  # |g_j| / sqrt(mean(g²)) <= sqrt(dim)
+    else:
+        step = opt.lr * max(adam_step_bound(opt.beta1, opt.beta2, s) for s in range(1, steps + 1))
+    g = stats["grad"]
+    return {
+        "weight": steps_tol(torch.float32, stats["terms"], step, steps, depth=2),
+        "state": steps_tol(torch.float32, stats["terms"], max(g, g * g), steps, depth=2),
+        "loss": steps_tol(torch.float32, stats["loss_terms"], stats["loss"], steps, depth=2),
+    }
 
 
 def _ref_state(optimizer: str, w: Tensor) -> dict[str, Tensor]:
@@ -224,11 +259,6 @@ def _ref_update(name, opt, w, state, rows, g, step) -> None:
         m_hat = m / (1 - opt.beta1**step)
         v_hat = v / (1 - opt.beta2**step)
         w[rows] -= opt.lr * m_hat / (v_hat.sqrt() + opt.eps)
-
-
-def max_rel_error(a: Tensor, b: Tensor) -> float:
-    scale = float(b.abs().max()) or 1.0
-    return float((a - b).abs().max()) / scale
 
 
 def pack(obj) -> bytes:

@@ -9,6 +9,9 @@ from freescale.embedding._ops import (
     segment_sum,
     sum_duplicates,
 )
+from freescale.testing.tolerance import random_sum_size, reduction_tol
+
+pytestmark = pytest.mark.numeric  # sums whose order is part of the contract
 
 
 @given(st.lists(st.integers(0, 6), max_size=30))
@@ -46,7 +49,10 @@ def test_hot_rows_are_summed_exactly_and_reproducibly(chunk):
     summed = segment_sum(grads.float()[order], counts, chunk)
     assert unique.tolist() == list(range(40))
     expect = torch.zeros(40, 4, dtype=torch.float64).index_add_(0, rows, grads)
-    torch.testing.assert_close(summed.double(), expect, rtol=1e-5, atol=1e-4)
+    # fp32 chunked sums of randn terms against float64 ones: the hot row's terms.
+    terms = int(counts.max())
+    tol = reduction_tol(torch.float32, terms, random_sum_size(terms, float(grads.std())))
+    torch.testing.assert_close(summed.double(), expect, **tol)
     assert torch.equal(summed, segment_sum(grads.float()[order], counts, chunk))
 
 

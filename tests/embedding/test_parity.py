@@ -10,11 +10,10 @@ import torch
 
 from freescale.comm import TorchCommunicator, run_threads
 from freescale.testing import run_ranks
-from tests.embedding._train import max_rel_error, pack, reference, train_sharded, unpack
+from tests.embedding._train import pack, parity_tol, reference, train_sharded, unpack
 
 OPTIMIZERS = ("sgd", "adagrad", "adam")
 STEPS = 20
-TOL = 1e-6
 
 
 def _parity_rank(plan_kwargs: dict) -> dict:
@@ -30,16 +29,22 @@ def references() -> dict:
     return {opt: reference(opt, STEPS) for opt in OPTIMIZERS}
 
 
-def _assert_matches(result: dict, ref: dict) -> None:
+def assert_matches(result: dict, ref: dict, optimizer: str) -> None:
+    """Tables and optimizer state of a sharded run equal the reference's up to
+    the reordering of their sums (`parity_tol`)."""
+    tol = parity_tol(optimizer, STEPS, ref["stats"])
     for name, table in ref["tables"].items():
         got = result["tables"][name]
         assert got["step"] == table["step"]
-        err = max_rel_error(got["weight"], table["weight"])
-        assert err <= TOL, f"{name} weight rel err {err:.2e}"
+        torch.testing.assert_close(got["weight"], table["weight"], **tol["weight"], msg=name)
         assert set(got["state"]) == set(table["state"])
         for key, value in table["state"].items():
-            err = max_rel_error(got["state"][key], value)
-            assert err <= TOL, f"{name} {key} rel err {err:.2e}"
+            torch.testing.assert_close(got["state"][key], value, **tol["state"], msg=name + key)
+
+
+def assert_losses_match(global_losses: list[float], ref: dict, optimizer: str) -> None:
+    tol = parity_tol(optimizer, STEPS, ref["stats"])["loss"]
+    torch.testing.assert_close(torch.tensor(global_losses), torch.tensor(ref["losses"]), **tol)
 
 
 def _assert_same_tables(a: dict, b: dict) -> None:
@@ -53,8 +58,8 @@ def _assert_same_tables(a: dict, b: dict) -> None:
 @pytest.mark.parametrize(
     ("world_size", "plan_kwargs"),
     [
-        (1, {}),
-        (2, {"assignment": "block"}),
+        pytest.param(1, {}, marks=pytest.mark.numeric),
+        pytest.param(2, {"assignment": "block"}, marks=pytest.mark.numeric),
         (4, {"assignment": "hashed", "block_size": 3}),
     ],
 )
@@ -64,7 +69,7 @@ def test_sharded_training_matches_reference(world_size, plan_kwargs, references)
         ref = references[opt]
         runs = [r[opt] for r in per_rank]
         first = runs[0][0]
-        _assert_matches(first, ref)
+        assert_matches(first, ref, opt)
         # Every rank gathered the same tables; repeats are bit-identical.
         for rank_runs in runs:
             _assert_same_tables(first, rank_runs[0])
@@ -72,12 +77,13 @@ def test_sharded_training_matches_reference(world_size, plan_kwargs, references)
             assert rank_runs[0]["losses"] == rank_runs[1]["losses"]
         # The losses the ranks saw add up to the reference's global loss.
         global_losses = [sum(r[0]["losses"][s] for r in runs) for s in range(STEPS)]
-        assert global_losses == pytest.approx(ref["losses"], rel=1e-5)
+        assert_losses_match(global_losses, ref, opt)
 
 
+@pytest.mark.numeric
 def test_fake_backend_matches_reference_at_three_ranks(references):
     ref = references["adam"]
     per_rank = run_threads(train_sharded, 3, "adam", STEPS, {"block_size": 2})
-    _assert_matches(per_rank[0], ref)
+    assert_matches(per_rank[0], ref, "adam")
     global_losses = [sum(r["losses"][s] for r in per_rank) for s in range(STEPS)]
-    assert global_losses == pytest.approx(ref["losses"], rel=1e-5)
+    assert_losses_match(global_losses, ref, "adam")

@@ -245,7 +245,11 @@ def test_prioritized_is_bit_identical_to_sync(world_size):
                     continue
                 assert [sum(s[k] for s in got) for k in range(4)] == expected[step]
         c, rn, _, _ = (sum(s[k] for s in expected) for k in range(4))
-        assert c / rn == pytest.approx(rate, abs=0.02)  # the designed collision rate
+        # The designed collision rate, up to its rounding to whole rows (half a
+        # row per table and step pair) and the step that reads no actions (the
+        # actions table's rows of its two step pairs).
+        rows_off = 0.5 * len(ROWS) * (STEPS - 1) + 2 * DISTINCT["actions"]
+        assert abs(c / rn - rate) <= rows_off / rn
 
 
 # ---- checkpoint with a non-empty stash, mode switches --------------------------

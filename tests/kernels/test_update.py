@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from freescale.embedding._ops import sum_duplicates
 from freescale.embedding.optim import SGD, Adam, RowwiseAdagrad, apply_rows, make_state
+from freescale.testing.tolerance import reduction_tol
 
 OPTIMIZERS = [SGD(lr=0.1), RowwiseAdagrad(lr=0.05, initial_accumulator=0.1), Adam(lr=0.01)]
 DECAYED = [
@@ -50,6 +51,23 @@ def _cols(lr, bc, rows):
     return lr[t].unsqueeze(1), (bc[0][t].unsqueeze(1), bc[1][t].unsqueeze(1))
 
 
+def update_tol(slots, grads, rows: int) -> tuple[dict, dict]:
+    """Tolerances of the weights and of the state after one update whose
+    per-row duplicate sums ran in another order (chunks and pieces vs one
+    ``index_add``): the busiest row's terms and absolute sum ``S``, then the
+    optimizer's formula (one more level). The weight moves by at most the
+    sum's error (``lr / sqrt(state) <= 1`` for every case here: lr <= 0.2,
+    state >= 0.25); the state holds ``g²`` too (``2·|g|·Δg``, ``|g| <= S``).
+    """
+    terms = int(torch.bincount(slots, minlength=rows).max()) if slots.numel() else 1
+    size = torch.zeros(rows, grads.shape[1], dtype=torch.float64)
+    size = float(size.index_add_(0, slots, grads.double().abs()).max())
+    weight = reduction_tol(torch.float32, terms, size, depth=2)
+    state = reduction_tol(torch.float32, terms, size * max(1.0, 2 * size), depth=2)
+    return weight, state
+
+
+@pytest.mark.numeric
 @settings(max_examples=60, deadline=None)
 @given(case=update_cases(), small_fan=st.booleans())
 def test_triton_update_matches_reference(triton_device, case, small_fan):
@@ -104,9 +122,10 @@ def _check_update(triton_device, case):
     reference(opt, want_w, want_state, slots, grads, frozen, lr, bc)
     (w1, s1), (w2, s2) = got
     assert torch.equal(w1, w2) and all(torch.equal(s1[k], s2[k]) for k in s1)  # reproducible
-    torch.testing.assert_close(w1, want_w, rtol=1e-5, atol=1e-6)
+    weight_tol, state_tol = update_tol(slots, grads, weight.shape[0])
+    torch.testing.assert_close(w1, want_w, **weight_tol)
     for k in want_state:
-        torch.testing.assert_close(s1[k], want_state[k], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(s1[k], want_state[k], **state_tol)
     untouched = torch.ones(weight.shape[0], dtype=torch.bool)
     untouched[slots.unique()] = False
     untouched[frozen] = True

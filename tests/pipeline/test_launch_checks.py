@@ -2,6 +2,7 @@
 line, rc 2, before any rank starts (in-process: nothing is spawned)."""
 
 import json
+import os
 import time
 
 import pytest
@@ -85,3 +86,12 @@ def test_resume_checks_the_checkpoint_in_the_launcher(capsys, tmp_path):
     (tmp_path / "ck2" / "step-00000009.partial").mkdir(parents=True)
     rc, line, _ = _rc_and_last_line(capsys, "--resume", str(tmp_path / "ck2"))
     assert rc == 2 and "no complete checkpoint" in line
+
+
+def test_cpu_ranks_honour_omp_num_threads(monkeypatch):
+    from freescale.pipeline.launch import _rank_threads
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert _rank_threads(2) == 3
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert _rank_threads(2) == max(1, (os.cpu_count() or 1) // 2)

@@ -16,7 +16,10 @@ from freescale.sim.calibrate import (
     read_bandwidth_tables,
     read_steps,
 )
-from freescale.sim.timeline import CATEGORIES
+from freescale.sim.timeline import CATEGORIES, alltoall_ms
+from freescale.testing.tolerance import assert_within, lstsq_tol, regression_tol, std_tol
+
+pytestmark = pytest.mark.numeric
 
 TRUE = ComputeModel(a=13.0, s=0.1, b=8e-5, c=2e-8, d=0.02, e=0.004, jitter_sigma=0.03)
 
@@ -30,20 +33,43 @@ def features(rng, steps, w, b=128):
     return np.stack(cols, axis=-1)
 
 
+def coefficients(model: ComputeModel) -> np.ndarray:
+    return np.array([getattr(model, name) for name in "asbcde"])
+
+
+def assert_fit_within_sampling_error(fit: ComputeModel, x: np.ndarray, y: np.ndarray) -> None:
+    """Coefficients, predictions and jitter of a fit to ``y`` (TRUE's times
+    with jitter) within five standard errors of the noise actually drawn."""
+    x = x.reshape(-1, x.shape[-1])
+    y, mean = y.reshape(-1), TRUE.predict(x).reshape(-1)
+    design = np.concatenate([np.ones((len(x), 1)), x], axis=1)
+    tol = regression_tol(design, y - mean)
+    assert_within(coefficients(fit), coefficients(TRUE), tol, what="coefficients")
+    # A prediction moves by at most the coefficients' bounds times the features.
+    assert_within(fit.predict(x), mean, np.abs(design) @ tol, what="predictions")
+    # σ of log(y / fit) vs σ of log(y / truth): their sampling error, plus
+    # what the fitted predictions change in each log ratio.
+    drawn = np.log(y / mean)
+    moved = np.sqrt(np.mean(np.log(fit.predict(x) / mean) ** 2))
+    assert abs(fit.jitter_sigma - TRUE.jitter_sigma) <= std_tol(drawn) + moved
+
+
 def test_fit_compute_recovers_coefficients_and_jitter():
     rng = np.random.default_rng(0)
     x = features(rng, 400, 4, b=int(rng.integers(16, 129)))
     x = np.concatenate([x, features(rng, 400, 4, b=32)])  # two batch sizes: s and a separable
     y = TRUE.sample(x, np.random.default_rng(1))
-    fit = fit_compute(x, y)
-    assert fit.c == pytest.approx(TRUE.c, rel=0.1)
-    assert fit.jitter_sigma == pytest.approx(TRUE.jitter_sigma, rel=0.1)
-    np.testing.assert_allclose(fit.predict(x), TRUE.predict(x), rtol=0.01)
-    # without noise the fit is exact
-    exact = fit_compute(x, TRUE.predict(x))
-    for name in "asbcde":
-        assert getattr(exact, name) == pytest.approx(getattr(TRUE, name), rel=1e-4), name
-    assert exact.jitter_sigma == pytest.approx(0.0, abs=1e-9)
+    assert_fit_within_sampling_error(fit_compute(x, y), x, y)
+    # without noise the fit is exact up to rounding
+    y = TRUE.predict(x)
+    exact = fit_compute(x, y)
+    flat = x.reshape(-1, x.shape[-1])
+    design = np.concatenate([np.ones((len(flat), 1)), flat], axis=1)
+    tol = lstsq_tol(design, coefficients(TRUE), y.reshape(-1))
+    assert_within(coefficients(exact), coefficients(TRUE), tol)
+    # each log ratio is then off by the predictions' bound, relative
+    ratio_bound = float(np.max((np.abs(design) @ tol) / y.reshape(-1)))
+    assert exact.jitter_sigma <= ratio_bound
 
 
 def test_fit_compute_rejects_bad_input():
@@ -86,6 +112,18 @@ def test_bandwidth_report_parsed_and_fitted():
         link_from_bandwidth(REPORT, "all_gather", "smfree-shm")
 
 
+def cal_points_mb(runs: list[MeasuredRun], id_bytes: int = 8, row_bytes: int = 1024) -> list:
+    """The MB points of the link fit: the slowest rank's volume per step
+    (`alltoall_ms` at α = 0, β = 1), averaged, ids then rows, per W > 1 run."""
+    unit = SimConfig(intra=LinkModel(0.0, 1.0), inter=LinkModel(0.0, 1.0))
+    out = []
+    for r in runs:
+        if r.world_size > 1:
+            ids = r.features[..., 1] + r.features[..., 3] + r.features[..., 4]
+            out += [float(alltoall_ms(ids, n, unit).mean()) for n in (id_bytes, row_bytes)]
+    return out
+
+
 def step_lines(feats, compute, exposed):
     return [{"step": i, "compute_ms": compute[i].tolist(), "exposed_comm_ms": exposed,
              "rank_features": feats[i].tolist(), "step_ms": 1.0, "items": 1}
@@ -98,7 +136,7 @@ def test_fit_runs_from_simulated_logs_recovers_link_and_fixed_parts():
     rng = np.random.default_rng(3)
     intra = LinkModel(0.3, 0.004)
     fixed = {"ids": 0.2, "emb": 0.7, "grad": 0.7, "dense": 0.1, "meta": 0.0}
-    runs = []
+    runs, feats, times = [], [], []
     for w, b in ((1, 128), (2, 128), (2, 64), (4, 32)):
         f = features(rng, 30, w, b)
         cfg = SimConfig(intra=intra, embedding_dim=256, embedding_bytes=4, fixed_ms=fixed)
@@ -106,12 +144,18 @@ def test_fit_runs_from_simulated_logs_recovers_link_and_fixed_parts():
         exposed = {"ids_a2a": float(out.exposed_ms["ids"].mean()),
                    "emb_a2a": float(out.exposed_ms["emb"].mean())}  # fmt: skip
         runs.append(MeasuredRun(step_lines(f, out.compute_ms, exposed), f))
+        feats.append(f.reshape(-1, f.shape[-1]))
+        times.append(out.compute_ms.reshape(-1))
     cal = fit_runs(runs, LinkModel(0.02, 0.04), row_bytes=1024)
-    assert cal.compute.c == pytest.approx(TRUE.c, rel=0.15)
-    assert cal.compute.jitter_sigma == pytest.approx(TRUE.jitter_sigma, rel=0.15)
+    assert_fit_within_sampling_error(cal.compute, np.concatenate(feats), np.concatenate(times))
     assert cal.fixed_ms["ids"] == pytest.approx(0.2) and cal.fixed_ms["emb"] == pytest.approx(0.7)
-    assert cal.intra.alpha_ms == pytest.approx(0.3, rel=0.02)
-    assert cal.intra.beta_ms_per_mb == pytest.approx(0.004, rel=0.02)
+    # The sync exchanges are exposed whole: their mean is alpha + beta x the
+    # mean MB, a line the link fit goes through up to rounding.
+    mb = np.array(cal_points_mb(runs))
+    exact = np.array([0.3, 0.004])
+    design = np.stack([np.ones_like(mb), mb], axis=1)
+    got = (cal.intra.alpha_ms, cal.intra.beta_ms_per_mb)
+    assert_within(got, exact, lstsq_tol(design, exact, design @ exact))
     back = Calibration.from_json(cal.to_json())
     assert back == cal and set(back.fixed_ms) == set(CATEGORIES)
 

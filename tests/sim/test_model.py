@@ -8,6 +8,9 @@ from freescale.balance.world import FEATURES as BALANCE_FEATURES
 from freescale.balance.world import WorldLengths, sample_features
 from freescale.sim import FEATURES, ComputeModel, LengthSpec, fit_compute_model, rank_features
 from freescale.sim.workload import synthetic_features, synthetic_step
+from freescale.testing.tolerance import assert_within, lstsq_tol, sampling_tol, std_tol
+
+pytestmark = pytest.mark.numeric
 
 
 def random_features(rng, n):
@@ -19,13 +22,19 @@ def random_features(rng, n):
     return np.stack([samples, uih, uih_sq, cand, content], axis=1)
 
 
-def test_fit_recovers_known_coefficients_within_one_percent():
+def _coefficients(model: ComputeModel) -> np.ndarray:
+    return np.array([getattr(model, name) for name in "asbcde"])
+
+
+def test_fit_recovers_known_coefficients_to_rounding():
     rng = np.random.default_rng(0)
     x = random_features(rng, 400)
     true = ComputeModel(a=15.6, s=0.12, b=7.4e-5, c=2.1e-8, d=0.01, e=0.005)
-    fit = fit_compute_model(x, true.predict(x))
-    for name in ("a", "s", "b", "c", "d", "e"):
-        assert getattr(fit, name) == pytest.approx(getattr(true, name), rel=0.01), name
+    y = true.predict(x)
+    fit = fit_compute_model(x, y)
+    design = np.concatenate([np.ones((len(x), 1)), x], axis=1)
+    tol = lstsq_tol(design, _coefficients(true), y)
+    assert_within(_coefficients(fit), _coefficients(true), tol)
 
 
 def test_fit_is_non_negative_and_beats_zero():
@@ -36,7 +45,9 @@ def test_fit_is_non_negative_and_beats_zero():
     assert min(fit.a, fit.s, fit.b, fit.c, fit.d, fit.e) >= 0.0
     assert np.mean((fit.predict(x) - y) ** 2) < np.mean((y - y.mean()) ** 2)
     no_a = fit_compute_model(x, 3e-8 * x[:, 2], intercept=False)
-    assert no_a.a == 0.0 and no_a.c == pytest.approx(3e-8, rel=1e-6)
+    exact = np.array([0.0, 0.0, 3e-8, 0.0, 0.0])
+    assert no_a.a == 0.0
+    assert_within(_coefficients(no_a)[1:], exact, lstsq_tol(x, exact, x @ exact))
 
 
 def test_model_validates():
@@ -85,6 +96,11 @@ def test_vectorized_unbalanced_features_match_the_per_step_draws_in_distribution
     fast = synthetic_features(spec, 3000, 2, 16, seed=1)
     slow = synthetic_features(spec, 3000, 2, 16, seed=2, assign=lambda lengths, step: None)
     np.testing.assert_allclose(fast[..., 0], 16.0)
-    np.testing.assert_allclose(fast.mean(axis=(0, 1)), slow.mean(axis=(0, 1)), rtol=0.02)
-    np.testing.assert_allclose(fast.std(axis=(0, 1))[1:], slow.std(axis=(0, 1))[1:], rtol=0.06)
-    assert fast[..., 1].max() <= 16 * 700 and np.all(fast[..., 4] >= 0)
+    # Per feature, 6000 independent (step, rank) draws each: means and spreads
+    # agree within the sampling error the draws themselves show.
+    fast, slow = fast.reshape(-1, fast.shape[-1]), slow.reshape(-1, slow.shape[-1])
+    for j in range(1, fast.shape[1]):
+        a, b = fast[:, j], slow[:, j]
+        assert abs(a.mean() - b.mean()) <= sampling_tol(a, other=b), j
+        assert abs(a.std() - b.std()) <= std_tol(a, other=b), j
+    assert fast[:, 1].max() <= 16 * 700 and np.all(fast[:, 4] >= 0)

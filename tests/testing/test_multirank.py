@@ -86,3 +86,27 @@ def _return_tensors() -> dict:
 def test_ranks_can_return_tensors():
     out = run_ranks(_return_tensors, 2)
     assert torch.equal(out[1]["t"], torch.arange(5) * 2) and out[0]["rank"] == 0
+
+
+def _threads_rank() -> int:
+    return torch.get_num_threads()
+
+
+@pytest.mark.numeric  # under scripts/numeric_matrix.sh: the leg's count is really used
+def test_ranks_take_their_thread_count_from_the_environment(monkeypatch):
+    from freescale.testing.multirank import THREADS_ENV, rank_threads
+
+    monkeypatch.delenv(THREADS_ENV, raising=False)
+    assert rank_threads() == 1
+    monkeypatch.setenv(THREADS_ENV, "3")
+    assert rank_threads() == 3
+    for bad in ("0", "two"):
+        monkeypatch.setenv(THREADS_ENV, bad)
+        with pytest.raises(ValueError, match=THREADS_ENV):
+            rank_threads()
+    # The ranks (forked from a server started with this process's environment)
+    # run with what it said when the server started.
+    monkeypatch.undo()
+    assert run_ranks(_threads_rank, 1) == [rank_threads()]
+    if os.environ.get(THREADS_ENV):  # tests/conftest.py gave it to this process too
+        assert torch.get_num_threads() == rank_threads()
