@@ -7,6 +7,8 @@ from hypothesis import strategies as st
 
 from freescale.embedding._ops import sum_duplicates
 from freescale.embedding.optim import SGD, Adam, RowwiseAdagrad, apply_rows, make_state
+from freescale.testing.tolerance import assert_reordered_close
+from tests.embedding import _optim_formulas as formulas
 
 OPTIMIZERS = [SGD(lr=0.1), RowwiseAdagrad(lr=0.05, initial_accumulator=0.1), Adam(lr=0.01)]
 DECAYED = [
@@ -202,3 +204,25 @@ def test_skip_flag_leaves_rows_and_state_alone(triton_device, opt, skip):
         want_w, want_state = (weight, state0) if skip else results[(path, True)]
         assert torch.equal(w, want_w), path
         assert all(torch.equal(state[k], want_state[k]) for k in state), path
+
+
+@pytest.mark.parametrize("case", list(formulas.CASES))
+def test_triton_update_follows_the_optimizer_formula(triton_device, case):
+    """The kernel against the optimizers written out in float64 (large eps,
+    near-zero state: `tests/embedding/_optim_formulas.py`), three steps; the
+    parity test above would not see eps moved under the square root at eps 1e-8."""
+    from freescale.kernels.triton_update import sparse_update
+
+    opt = formulas.CASES[case]
+    rows, dim, steps = 7, 4, 3
+    weight = torch.randn(rows, dim, generator=torch.Generator().manual_seed(1))
+    updates = formulas.updates(2, rows, dim, steps)
+    w = weight.clone().to(triton_device)
+    state = make_state(opt, rows, dim, w.device)
+    for t, (slots, grads) in enumerate(updates, start=1):
+        sparse_update(w, list(state.values()), slots.to(triton_device), grads.to(triton_device),
+                      lr=opt.lr_at(t), bc=opt.bias_corrections(t), **opt.kernel_spec())  # fmt: skip
+    want_w, want_state = formulas.run(opt, weight, updates)
+    assert_reordered_close(w.cpu(), want_w.float(), terms=dim, depth=steps)
+    for name, want in want_state.items():
+        assert_reordered_close(state[name].cpu(), want.float(), terms=dim, depth=steps, msg=name)
