@@ -15,7 +15,7 @@ import torch
 
 from freescale.pipeline.config import build_config
 from freescale.pipeline.launch import launch
-from freescale.pipeline.metrics import RankStep, gather_step, summarize_step
+from freescale.pipeline.metrics import RankStep, RunSummary, gather_step, summarize_step
 from freescale.pipeline.timing import CATEGORIES
 from freescale.testing.tolerance import reduction_tol
 
@@ -93,6 +93,39 @@ def test_step_summary_of_an_idle_step_has_no_rates():
     assert got["step_ms"] == 0.0 and got["straggler_pct"] == 0.0 and got["qps"] == 0.0
     assert got["collision_rows_pct"] == 0.0 and got["collision_ids_pct"] == 0.0
     assert math.isnan(got["loss"]) and math.isnan(got["ne"])
+
+
+def _step_record(step: int) -> dict:
+    """Step ``step`` of two ranks whose times grow with the step (dyadic: exact)."""
+    k = step + 1
+    ranks = [
+        RankStep(8.0 * k, 4.0 * k, 0.0, {"emb_a2a": 1.0 * k}, 1.0, 1, 4, 10, 2),
+        RankStep(4.0 * k, 2.0 * k, 2.0 * k, {"emb_a2a": 3.0 * k}, 2.0, 1, 4, 30, 3),
+    ]
+    return summarize_step(step, torch.stack([r.vector(torch.device("cpu")) for r in ranks]))
+
+
+def test_run_summary_averages_the_steps_after_warmup():
+    summary = RunSummary(warmup=2)
+    for step in range(4):
+        summary.add(_step_record(step))
+    summary.evals = [{"ne": 0.75}, {"ne": 0.5}]
+    got = summary.final({"mode": "sync"})
+    # measured: steps 2 and 3 (k = 3, 4); samples: every step
+    assert got["steps"] == 4 and got["measured_steps"] == 2 and got["samples"] == 4 * 5
+    assert got["step_ms"] == (24.0 + 32.0) / 2  # T_iter of each step: the slower rank
+    assert got["compute_ms_mean"] == ((12.0 + 6.0) / 2 + (16.0 + 8.0) / 2) / 2
+    assert got["data_wait_ms"] == (3.0 + 4.0) / 2 and got["data_wait_ms_max"] == (6.0 + 8.0) / 2
+    assert got["exposed_comm_ms"]["emb_a2a"] == (6.0 + 8.0) / 2
+    assert got["exposed_comm_ms"]["grad_a2a"] == 0.0
+    assert got["ne"] == 0.5 and got["ne_first_eval"] == 0.75 and got["mode"] == "sync"
+    assert got["train_ne_last"] == summary.steps[-1]["ne"]
+    tol = reduction_tol(torch.float64, terms=2, magnitude=1.0)
+    assert math.isclose(got["qps"], (40 / 0.024 + 40 / 0.032) / 2, rel_tol=tol["rtol"])
+    # a run shorter than its warm-up averages every step instead of none
+    short = RunSummary(warmup=10)
+    short.add(_step_record(0))
+    assert short.final({})["measured_steps"] == 1 and short.final({})["ne"] is None
 
 
 # ---- runs with injected delays (2 CPU ranks) -------------------------------------
