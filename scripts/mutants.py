@@ -34,10 +34,12 @@ were. A table is printed; the last line is one JSON object.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -63,6 +65,9 @@ class Mutant:
 
 
 # ---- test selections, as a developer of each module would run them ------------------
+# A module's own tests and its parity tests. Where a file is slow (Triton interpreted
+# on CPU, multi-rank runs), the tests of the contract in question by node id, fast
+# ones first (-x stops at the first failure).
 T_OPTIM = (
     "tests/embedding/test_optim_formulas.py",
     "tests/embedding/test_weight_decay.py",
@@ -74,21 +79,33 @@ T_STORE = (
     "tests/embedding/test_nonfinite.py",
     "tests/embedding/test_parity.py",
 )
-T_UPDATE = ("tests/kernels/test_update.py",)
-T_PRIO = ("tests/embedding/test_collision_link.py", "tests/embedding/test_prioritized.py")
-T_FBS = ("tests/balance/test_partitioners.py", "tests/balance/test_plan.py")
-T_BALANCE = (
-    "tests/balance/test_partitioners.py",
-    "tests/balance/test_plan.py",
-    "tests/balance/test_balancer_fake.py",
+_UPDATE = "tests/kernels/test_update.py::"
+T_UPDATE = (
+    _UPDATE + "test_triton_update_follows_the_optimizer_formula",
+    _UPDATE + "test_skip_flag_leaves_rows_and_state_alone",
+    _UPDATE + "test_triton_update_matches_reference",
 )
-T_METRICS = ("tests/pipeline/test_metrics.py",)
-T_INPUTS = ("tests/pipeline/test_find_problem.py", "tests/pipeline/test_input_errors.py")
+T_PRIO = ("tests/embedding/test_collision_link.py", "tests/embedding/test_prioritized.py")
+T_PART = ("tests/balance/test_partitioners.py",)
+T_SCALE = ("tests/balance/test_costpart_scale.py",)
+T_PLAN = ("tests/balance/test_plan.py", "tests/balance/test_balancer_fake.py")
+_METRICS = "tests/pipeline/test_metrics.py::"
+T_METRICS = (
+    _METRICS + "test_step_summary_of_unequal_ranks_follows_the_definitions",
+    _METRICS + "test_step_summary_of_an_idle_step_has_no_rates",
+    _METRICS + "test_run_summary_averages_the_steps_after_warmup",
+    _METRICS + "test_extra_compute_on_one_rank_is_its_straggler_share",
+    _METRICS + "test_slow_loader_on_one_rank_is_data_wait_not_straggling",
+)
+T_INPUTS = (
+    "tests/pipeline/test_find_problem.py",
+    "tests/pipeline/test_input_errors.py::test_find_problem_names_sample_and_value",
+)
+T_INPUTS_RUN = ("tests/pipeline/test_find_problem.py", "tests/pipeline/test_input_errors.py")
 T_RESUME = ("tests/pipeline/test_resume.py",)
-T_FAKE = ("tests/comm/test_fake.py",)
+T_COMM = ("tests/comm/test_fake.py", "tests/comm/test_torch_backend.py")
 T_SMFREE = ("tests/comm/test_smfree.py",)
-T_TORCH_COMM = ("tests/comm/test_torch_backend.py",)
-T_PERMUTE = ("tests/kernels/test_permute.py",)
+T_PERMUTE = ("tests/kernels/test_permute.py", "tests/jagged/test_ops.py")
 T_DISPATCH = ("tests/kernels/test_dispatch.py",)
 T_COLLISION = ("tests/kernels/test_collision.py", "tests/embedding/test_collision_link.py")
 T_SHARD = ("tests/kernels/test_shard.py",)
@@ -113,7 +130,7 @@ MUTANTS: list[Mutant] = [
     M("adagrad-eps-in-sqrt", OPTIM,
       "new = w - lr * g / (s.sqrt().unsqueeze(1) + self.eps)",
       "new = w - lr * g / (s + self.eps).sqrt().unsqueeze(1)",
-      (*T_OPTIM, "tests/embedding/test_torchrec_parity.py", *T_UPDATE),
+      T_OPTIM,
       "row-wise Adagrad: g / sqrt(s + eps) instead of g / (sqrt(s) + eps)"),
     M("adagrad-accumulator-after-step", OPTIM,
       '        s = state["sum_sq"] + (g * g).mean(dim=1)\n        state["sum_sq"] = s\n',
@@ -148,14 +165,14 @@ MUTANTS: list[Mutant] = [
     M("apply-rows-skip-state", OPTIM,
       "rows_state = {k: torch.where(skip, old_state[k], v) for k, v in rows_state.items()}",
       "rows_state = {k: v for k, v in rows_state.items()}",
-      ("tests/embedding/test_nonfinite.py", *T_UPDATE),
+      T_STORE,
       "a skipped (non-finite) step still writes the optimizer state"),
     # ---- the store (freescale/embedding/store.py) ---------------------------------
     M("store-frozen-rows-updated", STORE,
       "            keep = ~torch.isin(rows, self.frozen_slots)\n"
       "            rows, summed = rows[keep], summed[keep]\n",
       "            pass\n",
-      (*T_STORE, "tests/embedding/test_swap.py"),
+      T_STORE,
       "padding rows (frozen slots) are updated by the torch path"),
     M("store-skipped-step-counted", STORE,
       "                    self.steps[t] -= 1\n",
@@ -164,12 +181,12 @@ MUTANTS: list[Mutant] = [
     M("store-table-of-row", STORE,
       "table_of_row = torch.bucketize(rows, self.table_bounds, right=True)",
       "table_of_row = torch.bucketize(rows, self.table_bounds, right=False)",
-      T_STORE + T_PRIO,
+      T_PRIO,
       "a table's first row gets the previous table's lr and bias correction"),
     M("store-step-zero-based", STORE,
       "steps = [max(s, 1) for s in steps]",
       "steps = [max(s - 1, 1) for s in steps]",
-      T_STORE, "hyperparameters of the step before (lr schedule, Adam bias correction)"),
+      T_OPTIM, "hyperparameters of the step before (lr schedule, Adam bias correction)"),
     # ---- the Triton update kernel (interpreted on CPU) ----------------------------
     M("kernel-adagrad-eps-in-sqrt", UPDATE,
       "new = w - tl.div_rn(lr * g, tl.sqrt_rn(s) + eps)",
@@ -203,7 +220,7 @@ MUTANTS: list[Mutant] = [
     M("prio-deferred-skip-dropped", PRIO,
       "self.stash.append(Deferred(store, slots_ex, work, steps, skip))",
       "self.stash.append(Deferred(store, slots_ex, work, steps))",
-      ("tests/embedding/test_nonfinite.py", *T_PRIO),
+      T_PRIO,
       "a skipped (non-finite) step still applies its deferred exclusive part"),
     M("link-run-starts", LINK,
       "starts[1:] = sorted_x[1:] != sorted_x[:-1]",
@@ -217,47 +234,47 @@ MUTANTS: list[Mutant] = [
     M("fbs-zigzag-direction", "freescale/balance/fbs.py",
       "ranks = torch.where(rnd % 2 == 0, j, world_size - 1 - j)",
       "ranks = torch.where(rnd % 2 == 1, j, world_size - 1 - j)",
-      T_FBS, "FBS zig-zag starts in the wrong direction"),
+      T_PART, "FBS zig-zag starts in the wrong direction"),
     M("fbs-partial-round", "freescale/balance/fbs.py",
       "even = (num // world_size) % 2 == 0",
       "even = (num // world_size) % 2 == 1",
-      T_FBS, "FBS partial last round dealt in the wrong direction"),
+      T_PART, "FBS partial last round dealt in the wrong direction"),
     M("fbs-ascending", "freescale/balance/fbs.py",
       "return torch.sort(keys, descending=True, stable=True).indices",
       "return torch.sort(keys, descending=False, stable=True).indices",
-      T_FBS, "FBS sorts shortest first"),
+      T_PART, "FBS sorts shortest first"),
     M("plan-equal-counts", "freescale/balance/plan.py",
       "return tuple(base + (1 if d < extra else 0) for d in range(world_size))",
       "return tuple(base + (1 if d <= extra else 0) for d in range(world_size))",
-      T_BALANCE, "equal_counts gives one rank too many an extra sample"),
+      T_PLAN, "equal_counts gives one rank too many an extra sample"),
     M("plan-lost-sample-unchecked", "freescale/balance/plan.py",
       "if bool((seen != 1).any()):",
       "if bool((seen > 1).any()):",
-      T_BALANCE, "check_plan misses lost samples (only duplicates)"),
+      T_PLAN, "check_plan misses lost samples (only duplicates)"),
     M("lpt-room-not-taken", "freescale/balance/lpt.py",
       "        room[d] -= 1\n        loads[d] += c\n",
       "        loads[d] += c\n",
-      (*T_BALANCE, "tests/balance/test_costpart_scale.py"),
+      T_SCALE,
       "projected LPT: a placed sample does not use the rank's room"),
     M("lpt-floor-largest", "freescale/balance/lpt.py",
       "floor = float(x[-1]) if g and project else 0.0",
       "floor = float(x[0]) if g and project else 0.0",
-      (*T_BALANCE, "tests/balance/test_costpart_scale.py"),
+      T_SCALE,
       "projected LPT projects with the largest cost instead of the smallest"),
     M("bounds-pigeonhole", "freescale/balance/bounds.py",
       "bound = max(bound, float(x[world_size - 1] + x[world_size]))",
       "bound = max(bound, float(x[world_size] + x[world_size]))",
-      (*T_BALANCE, "tests/balance/test_costpart_scale.py"),
+      T_SCALE,
       "variable-count bound pairs the wrong samples (too low a bound)"),
     M("routing-recv-is-send", "freescale/balance/routing.py",
       "recv[level] = traffic[:, rank].tolist()",
       "recv[level] = traffic[rank].tolist()",
-      (*T_BALANCE, "tests/balance/test_balancer_gloo.py"),
+      T_PLAN,
       "a rank expects what it sends instead of what it receives"),
     M("refine-no-gain-check", "freescale/balance/refine.py",
       "if peak < loads[h] * (1.0 - 1e-12):",
       "if peak <= loads[h]:",
-      (*T_BALANCE, "tests/balance/test_costpart_scale.py", "tests/balance/test_tuning.py"),
+      T_SCALE,
       "refinement applies exchanges that gain nothing (plans differ across summation noise)"),
     # ---- metrics --------------------------------------------------------------------
     M("metrics-step-mean", METRICS,
@@ -283,7 +300,7 @@ MUTANTS: list[Mutant] = [
     M("metrics-warmup-off-by-one", METRICS,
       'measured = [s for s in self.steps if s["step"] >= self.warmup] or self.steps',
       'measured = [s for s in self.steps if s["step"] > self.warmup] or self.steps',
-      (*T_METRICS, "tests/pipeline/test_train.py"),
+      T_METRICS,
       "the run summary drops the first measured step"),
     # ---- input checks ---------------------------------------------------------------
     M("inputs-negative-length", INPUTS,
@@ -295,7 +312,7 @@ MUTANTS: list[Mutant] = [
     M("inputs-action-range", INPUTS,
       "        (4, batch.uih, UIH_ACTIONS, limits.num_actions, batch.uih.offsets),\n",
       "",
-      T_INPUTS, "the action-id range check removed"),
+      T_INPUTS_RUN, "the action-id range check removed"),
     M("inputs-action-item-table", INPUTS,
       "(4, batch.uih, UIH_ACTIONS, limits.num_actions, batch.uih.offsets)",
       "(4, batch.uih, UIH_ACTIONS, limits.num_items, batch.uih.offsets)",
@@ -333,7 +350,7 @@ MUTANTS: list[Mutant] = [
     M("fake-send-offset", "freescale/comm/fake.py",
       "start = sum(s.send[:rank])",
       "start = sum(s.send[: rank + 1]) - s.send[0]",
-      T_FAKE, "fake all_to_all_v reads the wrong slice of a sender's buffer"),
+      T_COMM, "fake all_to_all_v reads the wrong slice of a sender's buffer"),
     M("smfree-recv-offsets-swapped", "freescale/comm/smfree.py",
       "so, ro, c = _offsets(send), _offsets(recv), t.chunk_bytes",
       "so, ro, c = _offsets(recv), _offsets(send), t.chunk_bytes",
@@ -345,11 +362,11 @@ MUTANTS: list[Mutant] = [
     M("torch-comm-splits-swapped", "freescale/comm/torch_backend.py",
       "            output_split_sizes=recv,\n            input_split_sizes=send,\n",
       "            output_split_sizes=send,\n            input_split_sizes=recv,\n",
-      T_TORCH_COMM, "torch backend: input and output split sizes swapped"),
+      T_COMM, "torch backend: input and output split sizes swapped"),
     M("protocol-count-sum", "freescale/comm/protocol.py",
       "if x.dim() < 1 or sum(send) != x.shape[0]:",
       "if x.dim() < 1 or sum(send) > x.shape[0]:",
-      T_FAKE + T_TORCH_COMM, "check_counts accepts send counts that leave rows behind"),
+      T_COMM, "check_counts accepts send counts that leave rows behind"),
     # ---- kernels and their torch twins ------------------------------------------------
     M("permute-triton-off-by-one", "freescale/kernels/triton_permute.py",
       "    src_rows += rows - tl.load(dst_offsets + lo)\n",
@@ -358,7 +375,7 @@ MUTANTS: list[Mutant] = [
     M("permute-torch-off-by-one", "freescale/jagged/ops.py",
       "positions = torch.arange(total, device=offsets.device) - new_offsets[seg] + starts[seg]",
       "positions = torch.arange(total, device=offsets.device) - new_offsets[seg] + starts[seg] - 1",
-      (*T_PERMUTE, "tests/jagged/test_ops.py"), "torch permute twin: positions off by one"),
+      T_PERMUTE, "torch permute twin: positions off by one"),
     M("dispatch-triton-off-by-one", "freescale/kernels/triton_dispatch.py",
       "    pos = (base + before).to(tl.int64)",
       "    pos = (base + before + 1).to(tl.int64)",
@@ -412,9 +429,19 @@ def copy_tree(dest: Path, tests_at: str | None) -> None:
             tar.extractall(dest, filter="data")
 
 
+def _exists(root: Path, test: str) -> bool:
+    """Whether the test file (and the test, for a node id) is in ``root`` (older
+    tests may lack it: ``--tests-at``)."""
+    path, _, name = test.partition("::")
+    file = root / path
+    if not file.is_file():
+        return False
+    return not name or f"def {name.split('[')[0]}(" in file.read_text()
+
+
 def run_tests(root: Path, tests: tuple[str, ...]) -> tuple[str, float, str]:
     """(outcome, seconds, last line) of the tests in ``root``: passed/failed/timeout/none."""
-    present = [t for t in tests if (root / t.split("::")[0]).exists()]
+    present = [t for t in tests if _exists(root, t)]
     if not present:
         return "none", 0.0, "no test file of this selection exists here"
     env = {**os.environ, "CI": "1", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(root)}
@@ -422,14 +449,18 @@ def run_tests(root: Path, tests: tuple[str, ...]) -> tuple[str, float, str]:
     cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *present,
            "--timeout", str(TIMEOUT_S)]  # fmt: skip
     start = time.perf_counter()
+    # Its own process group: rank processes and forkservers end with it.
+    proc = subprocess.Popen(
+        cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
     try:
-        proc = subprocess.run(
-            cmd, cwd=root, env=env, capture_output=True, text=True, timeout=RUN_LIMIT_S
-        )
+        out, _ = proc.communicate(timeout=RUN_LIMIT_S)
     except subprocess.TimeoutExpired:
         return "timeout", time.perf_counter() - start, f"no result after {RUN_LIMIT_S} s"
+    finally:
+        _kill_group(proc)  # what the tests left running
     seconds = time.perf_counter() - start
-    out = proc.stdout + proc.stderr
     lines = [ln for ln in out.splitlines() if ln.strip()]
     last = lines[-1] if lines else ""
     if proc.returncode == 0:
@@ -437,6 +468,12 @@ def run_tests(root: Path, tests: tuple[str, ...]) -> tuple[str, float, str]:
     if any(mark in out for mark in TIMEOUT_MARKS):
         return "timeout", seconds, last
     return "failed", seconds, last
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def run(mutants: list[Mutant], tests_at: str | None, baseline: bool) -> list[dict]:
@@ -485,6 +522,10 @@ def table(results: list[dict], mutants: dict[str, Mutant]) -> str:
     return "\n".join(rows)
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", default="", help="comma-separated mutant ids")
@@ -512,6 +553,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{'':34s} tests: {' '.join(m.tests)}")
         print(json.dumps({"mutants": len(chosen), "broken": bad}))
         return 1 if bad else 0
+    # SIGTERM unwinds like Ctrl-C: the temporary copy is removed either way.
+    signal.signal(signal.SIGTERM, _interrupt)
     start = time.perf_counter()
     results = run(chosen, args.tests_at, baseline=not args.no_baseline)
     total = time.perf_counter() - start
