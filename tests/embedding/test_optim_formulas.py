@@ -51,3 +51,53 @@ def test_store_update_follows_the_optimizer_formula(case):
                 {"weight": want_w, **want_state})  # fmt: skip
     assert store.steps.tolist() == [STEPS]
     assert torch.equal(store.weight[ROWS - 1], weight[ROWS - 1])  # never touched: never moved
+
+
+@pytest.mark.parametrize("case", ["sgd-scheduled", "adam"])
+def test_tables_at_different_steps_each_use_their_own_step(case):
+    """Two tables in one store, the second updated from the second step on: every
+    row follows the formula at its own table's step, the second table's first
+    row (the boundary of the per-row hyperparameters) included."""
+    opt = formulas.CASES[case]
+    g = torch.Generator().manual_seed(4)
+    rows = (4, 3)
+    tables = [TableConfig(name, n, DIM, torch.float32) for name, n in zip("ab", rows, strict=True)]
+    store = ShardStore(tables, [RowSharding(n, 1) for n in rows], opt, 0, torch.device("cpu"))
+    weights = [torch.randn(n, DIM, generator=g) for n in rows]
+    store.weight.copy_(torch.cat(weights))
+    per_table: list[list] = [[], []]
+    for step in range(STEPS):
+        touched = [0] if step == 0 else [0, 1]
+        slots, grads = [], []
+        for t in touched:
+            local = torch.cat([torch.tensor([0]), torch.randint(0, rows[t], (5,), generator=g)])
+            grad = torch.randn(local.numel(), DIM, generator=g)
+            per_table[t].append((local, grad))
+            slots.append(local + store.starts[t])
+            grads.append(grad)
+        store.apply_gradients(torch.cat(slots), torch.cat(grads), touched)
+    assert store.steps.tolist() == [STEPS, STEPS - 1]
+    for t in range(2):
+        want_w, want_state = formulas.run(opt, weights[t], per_table[t])
+        got = {k: store.table_slice(t, v) for k, v in store.optimizer_state().items()}
+        check_close({"weight": store.table_slice(t, store.weight), **got},
+                    {"weight": want_w, **want_state})  # fmt: skip
+
+
+def test_padding_rows_never_move():
+    """A table's padding row is frozen: gradients sent to it change neither the
+    row nor its optimizer state; the other rows follow the formula."""
+    opt = formulas.CASES["adam"]
+    table = TableConfig("t", ROWS, DIM, torch.float32, padding_idx=2)
+    store = ShardStore([table], [RowSharding(ROWS, 1)], opt, 0, torch.device("cpu"))
+    weight = torch.randn(ROWS, DIM, generator=torch.Generator().manual_seed(5))
+    store.weight.copy_(weight)
+    steps = formulas.updates(6, ROWS, DIM, STEPS)
+    for slots, grads in steps:
+        store.apply_gradients(torch.cat([slots, torch.tensor([2])]),
+                              torch.cat([grads, torch.ones(1, DIM)]), [0])  # fmt: skip
+    assert torch.equal(store.weight[2], weight[2])
+    assert all(torch.equal(v[2], torch.zeros_like(v[2])) for v in store.optimizer_state().values())
+    want_w, _ = formulas.run(opt, weight, steps)
+    others = torch.arange(ROWS) != 2
+    assert_reordered_close(store.weight[others], want_w[others].float(), terms=DIM, depth=STEPS)
