@@ -132,6 +132,21 @@ def test_bounds_never_exceed_the_optimum(costs, w):
     assert 0.0 <= straggler_bound(x, w, equal_count_bound(x, w)) < 1.0
 
 
+def test_bounds_of_hand_worked_steps():
+    """Each bound's value, worked out by hand (integers: exact). The brute force
+    above only shows they are low enough; these show they are as high as the
+    module doc says, i.e. which samples they pair."""
+    # variable counts: max(mean, x_1, x_W + x_(W+1))
+    assert variable_count_bound(np.array([5.0, 1.0, 4.0, 3.0]), 2) == 4.0 + 3.0
+    assert variable_count_bound(np.array([9.0, 1.0, 1.0]), 2) == 9.0  # the largest sample
+    assert variable_count_bound(np.array([3.0, 3.0, 3.0, 3.0]), 2) == 6.0  # the mean
+    assert variable_count_bound(np.array([3.0, 2.0]), 3) == 3.0  # G <= W: no pair
+    # equal counts, n = 3 per rank: m = 1 gives x_1 + s(2) = 10 + 1 + 1 (the optimum)
+    x = np.array([1.0, 10.0, 1.0, 9.0, 1.0, 1.0])
+    assert equal_count_bound(x, 2) == 12.0
+    assert straggler_bound(x, 2, 12.0) == 1.0 - 11.5 / 12.0
+
+
 def _seqrec(g: int, seed: int) -> torch.Tensor:
     rng = np.random.default_rng(seed)
     body = np.maximum(np.floor(rng.lognormal(np.log(6), 1.0, g)), 1)
@@ -175,6 +190,19 @@ def test_refinement_never_raises_the_makespan_and_keeps_counts(world, coef):
     slack = sum_slack(costs.size + 2 * 16, float(np.abs(costs).sum()))
     assert makespan(out, costs, w) <= makespan(start, costs, w) + slack
     assert np.array_equal(np.bincount(out, minlength=w), np.bincount(start, minlength=w))
+
+
+def test_refinement_applies_no_exchange_without_a_real_gain():
+    """Loads 7 + 1e-13 and 6: every exchange lowers the slowest rank by 1e-13 at
+    most, summation-order noise, not a gain. The plan comes back unchanged
+    (applying such exchanges would spend the budget on noise)."""
+    costs = np.array([6.0, 1.0 + 1e-13, 5.0, 1.0])
+    start = np.array([0, 0, 1, 1])
+    out = refine_makespan(start, costs, 2, budget=16, tolerance=0.0)
+    assert np.array_equal(out, start)
+    # a real gain is taken: loads 8 and 5 become 7 and 6 (the best equal-count plan)
+    costs = np.array([6.0, 2.0, 4.0, 1.0])
+    assert makespan(refine_makespan(start, costs, 2, budget=16), costs, 2) == 7.0
 
 
 @settings(max_examples=100, deadline=None)

@@ -14,8 +14,10 @@ from freescale.comm import Communicator, exchange_counts
 
 
 def send_counts(rank: int, world_size: int) -> list[int]:
-    """Uneven, with zeros: rank r sends (r + d) % 3 rows to rank d."""
-    return [(rank + d) % 3 for d in range(world_size)]
+    """Uneven, with zeros, and not symmetric: rank r sends (2r + d) % 3 rows to
+    rank d, which sends (2d + r) % 3 back (symmetric counts would hide send and
+    receive counts used the wrong way round)."""
+    return [(2 * rank + d) % 3 for d in range(world_size)]
 
 
 def rows_of(rank: int, world_size: int, dtype: torch.dtype) -> Tensor:

@@ -7,7 +7,8 @@ from hypothesis import strategies as st
 
 from freescale.embedding._ops import sum_duplicates
 from freescale.embedding.optim import SGD, Adam, RowwiseAdagrad, apply_rows, make_state
-from freescale.testing.tolerance import reduction_tol
+from freescale.testing.tolerance import abs_sum, assert_reordered_close, reduction_tol
+from tests.embedding import _optim_formulas as formulas
 
 OPTIMIZERS = [SGD(lr=0.1), RowwiseAdagrad(lr=0.05, initial_accumulator=0.1), Adam(lr=0.01)]
 DECAYED = [
@@ -221,3 +222,46 @@ def test_skip_flag_leaves_rows_and_state_alone(triton_device, opt, skip):
         want_w, want_state = (weight, state0) if skip else results[(path, True)]
         assert torch.equal(w, want_w), path
         assert all(torch.equal(state[k], want_state[k]) for k in state), path
+
+
+@pytest.mark.parametrize("case", list(formulas.CASES))
+def test_triton_update_follows_the_optimizer_formula(triton_device, case):
+    """The kernel against the optimizers written out in float64 (large eps,
+    near-zero state: `tests/embedding/_optim_formulas.py`), three steps; the
+    parity test above would not see eps moved under the square root at eps 1e-8."""
+    from freescale.kernels.triton_update import sparse_update
+
+    opt = formulas.CASES[case]
+    rows, dim, steps = 7, 4, 3
+    weight = torch.randn(rows, dim, generator=torch.Generator().manual_seed(1))
+    updates = formulas.updates(2, rows, dim, steps)
+    w = weight.clone().to(triton_device)
+    state = make_state(opt, rows, dim, w.device)
+    for t, (slots, grads) in enumerate(updates, start=1):
+        sparse_update(w, list(state.values()), slots.to(triton_device), grads.to(triton_device),
+                      lr=opt.lr_at(t), bc=opt.bias_corrections(t), **opt.kernel_spec())  # fmt: skip
+    want_w, want_state = formulas.run(opt, weight, updates)
+    assert_reordered_close(w.cpu(), want_w.float(), terms=dim, depth=steps)
+    for name, want in want_state.items():
+        assert_reordered_close(state[name].cpu(), want.float(), terms=dim, depth=steps, msg=name)
+
+
+@pytest.mark.parametrize("hot", [31, 32, 33, 100, 200])
+def test_triton_update_sums_every_piece_of_a_hot_row(triton_device, hot):
+    """A row sent ``hot`` times (runs cut into pieces of CHUNK = 32 around the
+    edges, and into several tiles of pieces) gets the sum of all its
+    gradients: SGD against float64."""
+    from freescale.kernels.triton_update import sparse_update
+
+    g = torch.Generator().manual_seed(hot)
+    slots = torch.cat([torch.full((hot,), 1), torch.tensor([0, 3, 3])])
+    slots = slots[torch.randperm(slots.numel(), generator=g)]
+    grads = torch.randn(slots.numel(), 3, generator=g)
+    weight = torch.randn(4, 3, generator=g)
+    w = weight.clone().to(triton_device)
+    sparse_update(w, [], slots.to(triton_device), grads.to(triton_device), lr=0.5, bc=(1.0, 1.0),
+                  **SGD(lr=0.5).kernel_spec())  # fmt: skip
+    want = weight.double()
+    want.index_add_(0, slots, grads.double(), alpha=-0.5)
+    magnitude = abs_sum(grads[slots == 1]) + float(weight.abs().max())  # the hot row's sum
+    assert_reordered_close(w.cpu(), want.float(), terms=hot + 1, magnitude=magnitude)

@@ -2,17 +2,133 @@
 
 Extra compute on one rank must appear as that rank's compute and as
 straggler %; a slow loader on one rank must appear as its data wait and
-leave straggler % near zero (its compute did not change).
+leave straggler % near zero (its compute did not change). The step summary
+itself is checked field by field on a hand-built table of unequal ranks.
 """
 
 import json
+import math
 import statistics
 
 import pytest
+import torch
 
 from freescale.pipeline.config import build_config
 from freescale.pipeline.launch import launch
+from freescale.pipeline.metrics import RankStep, RunSummary, gather_step, summarize_step
+from freescale.pipeline.timing import CATEGORIES
+from freescale.testing.tolerance import reduction_tol
 
+
+# ---- the step summary on a hand-built table (no run, milliseconds) -------------
+# Four ranks, unequal on purpose: the slowest step (rank 1) and the slowest
+# compute (rank 2) are different ranks, so a mean taken for a max, or one
+# column read for another, changes a number. Every value, and every partial sum
+# of the summary's means and sums, is a small dyadic rational: exact in float64
+# in any order, so those fields are compared with ``==`` (they are exact, not
+# close). Only QPS (divides by 0.08 s) and NE (logs) round; they get the
+# tolerance of `freescale.testing.tolerance`.
+def _rank(step, compute, data, exposed, bce, pos, cands, items, samples, part, coll, feats):
+    return RankStep(
+        step_ms=step, compute_ms=compute, data_ms=data,
+        exposed=dict(zip(CATEGORIES, exposed, strict=True)), bce_sum=bce, positives=pos,
+        candidates=cands, items=items, samples=samples, collision_part_ms=part,
+        collision=coll, features=feats,
+    )  # fmt: skip
+
+
+RANKS = [  # step, compute, data, exposed (CATEGORIES order), bce, pos, cands, items, samples,
+    #        collision part, (C rows, rows next, C ids, ids next), features (FEATURES order)
+    _rank(60, 16, 8, (2, 4, 1, 0.5, 0.25, 0.125), 3.5, 2, 8, 100, 4, 1.5, (1, 4, 2, 8),
+          (4, 40, 400, 8, 16)),
+    _rank(80, 36, 0, (0, 2, 3, 0.5, 0.25, 0.375), 1.0, 1, 4, 60, 3, 0.5, (0, 2, 0, 4),
+          (3, 30, 300, 4, 8)),
+    _rank(70, 56, 4, (6, 0, 1, 1.5, 0.75, 0.125), 2.25, 4, 12, 90, 5, 2.0, (2, 6, 4, 12),
+          (5, 50, 500, 12, 24)),
+    _rank(50, 26, 20, (0, 6, 3, 1.5, 0.75, 0.375), 0.25, 1, 8, 70, 4, 0.0, (0, 0, 0, 8),
+          (4, 20, 100, 8, 20)),
+]  # fmt: skip
+
+
+def test_step_summary_of_unequal_ranks_follows_the_definitions():
+    table = torch.stack([r.vector(torch.device("cpu")) for r in RANKS])  # what gather_step returns
+    got = summarize_step(7, table)
+    exact = {
+        "step": 7,
+        "step_ms": 80.0,  # T_iter: the slowest rank's step (rank 1), not the mean (65)
+        "compute_ms": [16.0, 36.0, 56.0, 26.0],
+        # mean_r (max_r C_r - C_r) / T_iter = mean(40, 20, 0, 30) / 80
+        "straggler_pct": 100 * (0.5 + 0.25 + 0.0 + 0.375) / 4,
+        "exposed_comm_ms": dict(zip(CATEGORIES, (2.0, 3.0, 2.0, 1.0, 0.5, 0.25), strict=True)),
+        "exposed_collision_ms": 1.0,
+        "collision_rows_pct": 25.0,  # (1 + 0 + 2 + 0) / (4 + 2 + 6 + 0)
+        "collision_ids_pct": 18.75,  # (2 + 0 + 4 + 0) / (8 + 4 + 12 + 8)
+        "collision_rows_pct_ranks": [25.0, 0.0, 33.333, 0.0],  # rank 3 reads no row: 0, not nan
+        "data_wait_ms": 8.0,
+        "rank_features": [list(r.features) for r in RANKS],
+        "step_ms_ranks": [60.0, 80.0, 70.0, 50.0],
+        "data_wait_ms_ranks": [8.0, 0.0, 4.0, 20.0],
+        "exposed_comm_ms_ranks": {c: [r.exposed[c] for r in RANKS] for c in CATEGORIES},
+        "loss": 7.0 / 32.0,  # summed BCE / candidates of all ranks
+        "samples": 16,
+        "items": 320,
+    }
+    assert set(got) == {*exact, "qps", "ne"}
+    for key, want in exact.items():
+        assert got[key] == want, (key, got[key], want)
+    assert isinstance(got["samples"], int) and isinstance(got["items"], int)
+    tol = reduction_tol(torch.float64, terms=4, magnitude=1.0)
+    # QPS: the items of all ranks per second of T_iter.
+    assert math.isclose(got["qps"], 320 / 0.080, rel_tol=tol["rtol"])
+    # NE: mean BCE over the entropy (nats) of the base rate 8 / 32, written out.
+    p = 8 / 32
+    entropy = -(p * math.log(p) + (1 - p) * math.log(1 - p))
+    assert math.isclose(got["ne"], (7.0 / 32.0) / entropy, rel_tol=tol["rtol"])
+
+
+def test_step_summary_of_an_idle_step_has_no_rates():
+    """A step of zero time and no candidates: no division by zero, NaN loss."""
+    idle = RankStep(0.0, 0.0, 0.0, {}, 0.0, 0.0, 0.0, 0.0, 0.0)
+    got = summarize_step(0, gather_step(idle))  # one rank: no process group
+    assert got["step_ms"] == 0.0 and got["straggler_pct"] == 0.0 and got["qps"] == 0.0
+    assert got["collision_rows_pct"] == 0.0 and got["collision_ids_pct"] == 0.0
+    assert math.isnan(got["loss"]) and math.isnan(got["ne"])
+
+
+def _step_record(step: int) -> dict:
+    """Step ``step`` of two ranks whose times grow with the step (dyadic: exact)."""
+    k = step + 1
+    ranks = [
+        RankStep(8.0 * k, 4.0 * k, 0.0, {"emb_a2a": 1.0 * k}, 1.0, 1, 4, 10, 2),
+        RankStep(4.0 * k, 2.0 * k, 2.0 * k, {"emb_a2a": 3.0 * k}, 2.0, 1, 4, 30, 3),
+    ]
+    return summarize_step(step, torch.stack([r.vector(torch.device("cpu")) for r in ranks]))
+
+
+def test_run_summary_averages_the_steps_after_warmup():
+    summary = RunSummary(warmup=2)
+    for step in range(4):
+        summary.add(_step_record(step))
+    summary.evals = [{"ne": 0.75}, {"ne": 0.5}]
+    got = summary.final({"mode": "sync"})
+    # measured: steps 2 and 3 (k = 3, 4); samples: every step
+    assert got["steps"] == 4 and got["measured_steps"] == 2 and got["samples"] == 4 * 5
+    assert got["step_ms"] == (24.0 + 32.0) / 2  # T_iter of each step: the slower rank
+    assert got["compute_ms_mean"] == ((12.0 + 6.0) / 2 + (16.0 + 8.0) / 2) / 2
+    assert got["data_wait_ms"] == (3.0 + 4.0) / 2 and got["data_wait_ms_max"] == (6.0 + 8.0) / 2
+    assert got["exposed_comm_ms"]["emb_a2a"] == (6.0 + 8.0) / 2
+    assert got["exposed_comm_ms"]["grad_a2a"] == 0.0
+    assert got["ne"] == 0.5 and got["ne_first_eval"] == 0.75 and got["mode"] == "sync"
+    assert got["train_ne_last"] == summary.steps[-1]["ne"]
+    tol = reduction_tol(torch.float64, terms=2, magnitude=1.0)
+    assert math.isclose(got["qps"], (40 / 0.024 + 40 / 0.032) / 2, rel_tol=tol["rtol"])
+    # a run shorter than its warm-up averages every step instead of none
+    short = RunSummary(warmup=10)
+    short.add(_step_record(0))
+    assert short.final({})["measured_steps"] == 1 and short.final({})["ne"] is None
+
+
+# ---- runs with injected delays (2 CPU ranks) -------------------------------------
 COMMON = ["steps=24", "warmup=6", "eval_every=0", "progress=false", "mode=sync"]
 
 
