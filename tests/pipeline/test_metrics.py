@@ -146,11 +146,20 @@ def test_extra_compute_on_one_rank_is_its_straggler_share(tmp_path):
     steps, summary = _steps(tmp_path, "compute", [f"delay_compute_ms={delay}", "delay_ranks=1"])
     gap = statistics.mean(r["compute_ms"][1] - r["compute_ms"][0] for r in steps)
     assert 0.8 * delay < gap < 1.25 * delay, gap
-    # Two ranks, rank 1 slower by `delay`: mean_r (max C - C_r) / T = delay / (2 T).
-    expected = statistics.mean(100 * delay / (2 * r["step_ms"]) for r in steps)
-    assert summary["straggler_pct"] == pytest.approx(expected, rel=0.25), (
+    # Two ranks, rank 1 slower by ~`delay` (above): the summary's straggler % is
+    # the mean over the measured steps of mean_r (max C - C_r) / T, exactly.
+    expected = statistics.mean(
+        100 * statistics.mean(max(r["compute_ms"]) - c for c in r["compute_ms"]) / r["step_ms"]
+        for r in steps
+    )
+    # The records' compute_ms are rounded to 0.001 ms: max - C_r moves by at most 0.001.
+    rounding = statistics.mean(100 * 1e-3 / r["step_ms"] for r in steps)
+    assert abs(summary["straggler_pct"] - expected) <= rounding, (
         summary["straggler_pct"],
         expected,
+    )
+    assert summary["straggler_pct"] > 0.8 * statistics.mean(
+        100 * delay / (2 * r["step_ms"]) for r in steps
     )
     assert summary["data_wait_ms_max"] < 5.0
 
