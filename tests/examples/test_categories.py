@@ -175,5 +175,6 @@ def _run_bad_one_rank(overrides):
 def test_bad_id_in_a_user_feature_on_a_gpu_is_one_line(mode):
     """On a GPU too: the host check names it; no device-side assert, no IndexError."""
     overrides = ["steps=6", f"mode={mode}", "device=cuda", "nproc=1", "prioritize=on"]
+    overrides.append("loader_workers=0")  # the harness's rank is a daemon: no children
     (msg,) = run_ranks(_run_bad_one_rank, 1, overrides, timeout=180)
     assert msg is not None and "step 3" in msg and "uih feature 'category' id 37" in msg, msg

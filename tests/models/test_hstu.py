@@ -215,7 +215,10 @@ def test_padded_path_on_gpu_matches_the_cpu_reference():
     terms, depth = max(max_uih + 1, 4 * DIM), 2 * LAYERS + 1
     assert_reordered_close(logits, ref_logits, terms=terms, depth=depth)
     for name, grad in ref_grads.items():
-        assert_reordered_close(grads[name], grad, terms=terms, depth=depth, msg=name)
+        # The head's bias gradient is Σ w_i over the logits, which cancels to ~0
+        # (w spans [-1, 1]): its rounding follows its terms' size Σ|w_i| <= n.
+        mag = float(ref_logits.numel()) if name == "head.1.bias" else None
+        assert_reordered_close(grads[name], grad, terms=terms, depth=depth, magnitude=mag, msg=name)
     logits, grads = _run(model("padded").cuda(), batch.to("cuda"), amp=True)
     bound = SAFETY * eps_of(torch.bfloat16) * depth  # relative, in norm
     assert float((logits - ref_logits).norm() / ref_logits.norm()) < bound
