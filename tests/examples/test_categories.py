@@ -65,7 +65,7 @@ def _modes_agree(world: int, balance: str) -> None:
         assert int(changed.sum()) > 0, t
 
 
-@pytest.mark.parametrize("balance", ["none", "cost"])
+@pytest.mark.parametrize("balance", [pytest.param("none", marks=pytest.mark.slow), "cost"])
 def test_modes_are_bit_identical_at_two_ranks(balance):
     _modes_agree(2, balance)
 
@@ -141,7 +141,7 @@ def _run_bad(overrides):
     return None
 
 
-@pytest.mark.parametrize("mode", ["sync", "freescale"])
+@pytest.mark.parametrize("mode", [pytest.param("sync", marks=pytest.mark.slow), "freescale"])
 def test_bad_id_in_a_user_feature_is_one_line_on_every_rank(mode):
     out = run_ranks(_run_bad, 2, ["steps=6", f"mode={mode}"], timeout=120)
     assert out[0] == out[1] and out[0] is not None

@@ -1,5 +1,7 @@
 """The HSTU-style model learns the synthetic data; the configuration names it."""
 
+import pytest
+
 from freescale.jagged.schema import DataSchema
 from freescale.models.hstu import HSTUModel, build
 from freescale.pipeline.config import build_config
@@ -14,6 +16,7 @@ def _evals(overrides: list[str]) -> list[float]:
     return [e["ne"] for e in trainer.summary.evals]
 
 
+@pytest.mark.slow
 def test_hstu_learns_the_synthetic_data():
     """The demo preset with the default HSTU: held-out NE falls over 60 steps."""
     evals = run_ranks(_evals, 2, ["steps=60", "eval_every=20", "mode=sdd"], timeout=240)[0]

@@ -66,7 +66,7 @@ def _modes_agree(world: int, balance: str, attention: str = "auto") -> None:
     assert trained and all(first["dense"][k].abs().sum() > 0 for k in trained)  # rab learned
 
 
-@pytest.mark.parametrize("balance", ["none", "cost"])
+@pytest.mark.parametrize("balance", [pytest.param("none", marks=pytest.mark.slow), "cost"])
 def test_modes_are_bit_identical_at_two_ranks(balance):
     _modes_agree(2, balance)
 

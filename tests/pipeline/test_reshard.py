@@ -145,7 +145,7 @@ def _check_resumed(per_rank: list[dict], truth: dict, from_world: int, seen: int
     }  # fmt: skip
 
 
-@pytest.mark.parametrize("world", [1, 4])
+@pytest.mark.parametrize("world", [pytest.param(1, marks=pytest.mark.slow), 4])
 def test_resume_at_another_world_size_is_exact_then_trains(saved, resumed, world):
     per_rank = resumed(world)
     assert len(per_rank) == world
@@ -168,7 +168,9 @@ def test_a_2_4_2_round_trip_is_the_uninterrupted_run(saved, resumed):
         _assert_equal(r["end"], saved[1]["end"])
 
 
-@pytest.mark.parametrize(("api_world", "cli_world"), [(1, 4), (4, 1)])
+@pytest.mark.parametrize(
+    ("api_world", "cli_world"), [(1, 4), pytest.param(4, 1, marks=pytest.mark.slow)]
+)
 def test_the_launcher_and_the_cli_resume_at_another_world_size(saved, capsys, api_world, cli_world):
     """`freescale.train` restores (eval only: nothing trained) the checkpoint's
     tables and dense weights bit for bit; `freescale train --resume` trains on.
@@ -192,6 +194,7 @@ def test_the_launcher_and_the_cli_resume_at_another_world_size(saved, capsys, ap
     }  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_user_model_of_two_tables_reshards(tmp_path):
     """examples/categories.py: 2 ranks save, 4 and 1 resume exactly; its data
     source has no ``starting_at``, so the run goes on at step 3 of the new world."""
