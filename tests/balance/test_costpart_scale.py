@@ -43,6 +43,7 @@ def _top(plan, costs) -> float:
     return float(rank_loads(plan, costs).max()) if plan.world_size else 0.0
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(world=worlds(), coef=coefficients, counts=st.sampled_from(["equal", "variable"]))
 def test_selection_is_never_worse_than_any_candidate(world, coef, counts):

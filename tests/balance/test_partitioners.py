@@ -51,6 +51,7 @@ def _same(a: Plan, b: Plan) -> bool:
     return torch.equal(a.order, b.order) and a.counts == b.counts
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(world=worlds(), coef=coefficients, shares=st.lists(st.floats(0.05, 1.0), min_size=8))
 def test_every_partitioner_returns_a_deterministic_permutation(world, coef, shares):
@@ -140,6 +141,7 @@ def test_fbs_spread_is_at_most_one_length_for_whole_rounds(world):
     alpha=st.sampled_from([0.0, 0.5, 1.0, 2.0]),
     shares=st.lists(st.floats(0.05, 1.0), min_size=8),
 )
+@pytest.mark.slow
 def test_vbs_segments_are_contiguous_in_sorted_order(world, alpha, shares):
     w, g = world.world_size, world.total
     plan = VBS(alpha=alpha)(world, RuntimeInfo(shares=tuple(shares[:w])))

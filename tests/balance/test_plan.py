@@ -119,6 +119,7 @@ def test_check_plan_accepts_valid_plans():
         Plan(torch.tensor([0.0, 1.0]), (1, 1))
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(world=worlds(), data=st.data())
 def test_routing_counts_pair_up_and_match_the_plan(world, data):

@@ -115,6 +115,7 @@ def _report(tmp_path: Path) -> dict:
     return data
 
 
+@pytest.mark.slow
 def test_one_part_and_the_report_at_two_ranks(tmp_path):
     _run(tmp_path, "fig8b", "report", "--smoke", "--ranks", "2")
     assert (tmp_path / "fig8b-2cpu.tgz").exists() and not (tmp_path / "fig8b-2cpu").exists()

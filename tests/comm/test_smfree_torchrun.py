@@ -74,6 +74,7 @@ def test_torchrun_two_nodes_detects_hosts_and_matches_torch(tmp_path):
         assert r["diff"] == [] and r["keys"] == 16, r
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["sdd"])
 def test_torchrun_two_nodes_training_matches_torch(mode, tmp_path):
     losses = {}

@@ -26,7 +26,13 @@ def _train(overrides: list[str]) -> dict:
 
 
 @pytest.mark.parametrize(
-    "setting", ["mode=sync", "mode=sdd", "mode=sdd,balance=fbs", "mode=freescale,balance=fbs"]
+    "setting",
+    [
+        pytest.param("mode=sync", marks=pytest.mark.slow),
+        pytest.param("mode=sdd", marks=pytest.mark.slow),
+        pytest.param("mode=sdd,balance=fbs", marks=pytest.mark.slow),
+        "mode=freescale,balance=fbs",
+    ],
 )
 def test_smfree_training_is_bit_identical_to_torch(setting):
     overrides = setting.split(",")
@@ -38,7 +44,7 @@ def test_smfree_training_is_bit_identical_to_torch(setting):
         assert_same_run(a, b)
 
 
-@pytest.mark.parametrize("mode", ["sdd", "freescale"])
+@pytest.mark.parametrize("mode", [pytest.param("sdd", marks=pytest.mark.slow), "freescale"])
 def test_overlapped_categories_on_smfree_are_bit_identical_to_torch(mode):
     """Prefetches, deferred gradients and balancer stage III on smfree, the
     blocking exchanges on torch: the same numbers as all on torch."""

@@ -20,6 +20,7 @@ def _snippets(page: str) -> list[str]:
     "page,index",
     [(p, i) for p in PAGES for i in range(len(_snippets(p)))],
 )
+@pytest.mark.slow
 def test_snippet_runs(page, index):
     code = _snippets(page)[index]
     proc = subprocess.run(

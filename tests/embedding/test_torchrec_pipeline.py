@@ -64,6 +64,7 @@ def _pipeline_rank() -> bytes:
     )
 
 
+@pytest.mark.slow
 def test_balancer_stage_in_torchrec_staged_pipeline_sees_every_sample_once():
     per_rank = [unpack(x) for x in run_ranks(_pipeline_rank, 2, timeout=120)]
     seen = torch.cat([r["seen"] for r in per_rank])
@@ -178,6 +179,7 @@ def kjt_batches(rank: int):
         yield KJTBatch.from_sample_batch(b)
 
 
+@pytest.mark.slow
 def test_balanced_batches_in_front_of_torchrec_train_pipeline_sparse_dist():
     per_rank = [unpack(x) for x in run_ranks(_sparse_dist_rank, 2, timeout=180)]
     seen = torch.cat([r["seen"] for r in per_rank])

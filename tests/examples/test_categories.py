@@ -106,6 +106,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_cli_trains_the_example_by_name():
     proc = _cli(
         "--set", "model=examples.categories:build", "--set", "model.dim=16",

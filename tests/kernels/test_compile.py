@@ -11,6 +11,7 @@ from .conftest import clean_env
 SCRIPT = Path(__file__).with_name("aot_compile.py")
 
 
+@pytest.mark.slow
 def test_kernels_compile_for_sm90(tmp_path):
     pytest.importorskip("triton")
     pytest.importorskip("triton.backends.nvidia")

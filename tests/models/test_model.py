@@ -83,6 +83,7 @@ def test_query_without_keys_gets_zero():
         jagged_attention(q, k, k, torch.tensor([0, 3]), torch.tensor([0, 2]), False, impl="x")
 
 
+@pytest.mark.slow
 def test_learning_beats_the_base_rate():
     """Short version of the demo: NE on held-out data falls below 0.95."""
     torch.manual_seed(0)

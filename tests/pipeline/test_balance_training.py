@@ -100,6 +100,7 @@ def test_variable_counts_match_unbalanced_and_really_vary(tail_baseline, mode):
     _assert_same_run(got, tail_baseline)
 
 
+@pytest.mark.slow
 def test_variable_counts_match_unbalanced_at_four_ranks():
     base = _run(4, "none", "sync", *TAIL)
     got = _run(4, "cost", "sync", *TAIL, *VARIABLE, "max_local_batch=40")
@@ -146,6 +147,7 @@ def _losses(tmp_path, plan_process: str) -> list[float]:
     return [json.loads(line)["loss"] for line in path.read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_planning_in_a_helper_process_gives_the_same_run(tmp_path):
     """The partitioner in its own process (off the trainer's GIL) plans exactly
     as in the balancer's thread: FBS depends on the lengths only."""

@@ -180,6 +180,7 @@ def test_slow_loader_on_one_rank_is_data_wait_not_straggling(tmp_path):
     assert summary["straggler_pct"] < 0.25 * (100 * wait1 / (2 * step)), summary
 
 
+@pytest.mark.slow
 def test_step_lines_carry_each_ranks_batch_features(tmp_path):
     """`rank_features` are the summed cost features of each rank's batch: the
     source's local batches without balancing; the same global sums with it."""

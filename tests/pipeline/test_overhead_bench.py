@@ -29,6 +29,7 @@ def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=cwd, env=env)
 
 
+@pytest.mark.slow
 def test_smoke_run_emits_table_and_json(tmp_path):
     out = tmp_path / "overhead"
     done = _run("--smoke", "--out", str(out), cwd=tmp_path)

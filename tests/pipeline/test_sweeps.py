@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_scaling_sweep_runs_at_two_and_four_ranks(tmp_path):
     out = tmp_path / "scaling"
     cmd = [
