@@ -27,8 +27,10 @@ restored file is never run from a stale ``.pyc``).
     python scripts/mutants.py --tests-at a7827f9   # the mutants against older tests
 
 ``--tests-at REV`` replaces ``tests/`` in the copy by that revision's (test
-files it lacks are dropped from a selection): the score of the tests as they
-were. A table is printed; the last line is one JSON object.
+files and test functions it lacks are dropped from a selection; a selection
+left empty counts as survived): the score of the tests as they were. Each
+mutant's line names the first failing test; a table follows, and the last
+line is one JSON object.
 """
 
 from __future__ import annotations
@@ -218,6 +220,11 @@ MUTANTS: list[Mutant] = [
       "now_mark = _in_sorted(slots_now, sorted_next)",
       "now_mark = _in_sorted(slots_now, sorted_next[1:])",
       T_PRIO, "one collision row (the smallest slot) is deferred (bitwise contract)"),
+    M("prio-deferred-row-parity", LINK,
+      "now_mark = _in_sorted(slots_now, sorted_next)",
+      "now_mark = _in_sorted(slots_now, sorted_next[1:])",
+      ("tests/embedding/test_prioritized.py",),
+      "the same deferred row, against the bitwise freescale == sync test alone"),
     M("prio-unmarked-next-row", LINK,
       "next_mark = _in_sorted(slots_next, sorted_now)",
       "next_mark = _in_sorted(slots_next, sorted_now[:-1])",
