@@ -45,6 +45,7 @@ from freescale.jagged.ops import segment_ids
 from freescale.jagged.schema import DataSchema
 from freescale.models import hstu_attention as hattn
 from freescale.models.contract import RecModel
+from freescale.models.pooling import mean_content
 from freescale.models.small_embedding import SmallEmbedding
 
 CAND_TIMESTAMPS = "timestamps"  # optional candidate feature: when it is shown
@@ -128,7 +129,7 @@ class HSTUModel(RecModel):
         rows = self.item_emb(self.embedding_inputs(batch)["item_emb"])
         uih_rows, cand_rows, content_rows = rows.split([n_u, n_c, rows.shape[0] - n_u - n_c])
         uih = uih_rows + self.action_emb(batch.uih[UIH_ACTIONS])
-        cand = cand_rows + _mean_content(content_rows, batch)
+        cand = cand_rows + mean_content(content_rows, batch)
         if self.dense_proj is not None and batch.dense is not None:
             cand = cand + self.dense_proj(batch.dense)[segment_ids(batch.candidates.offsets, n_c)]
         layout = self.layout(batch)
@@ -177,14 +178,6 @@ class HSTUModel(RecModel):
         if self.dense_proj is not None and batch.dense is not None:
             forward = forward + 2 * self.cfg.dense_dim * d * batch.batch_size
         return 3.0 * float(forward)
-
-
-def _mean_content(content_rows: Tensor, batch: SampleBatch) -> Tensor:
-    """Mean of each candidate's content embeddings (zero when it has none)."""
-    n_c = batch.num_candidates_total
-    owner = segment_ids(batch.content.offsets, content_rows.shape[0])
-    sums = content_rows.new_zeros(n_c, content_rows.shape[1]).index_add(0, owner, content_rows)
-    return sums / batch.candidate_lengths().clamp(min=1).unsqueeze(-1).to(sums.dtype)
 
 
 def build(

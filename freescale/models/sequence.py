@@ -31,6 +31,7 @@ from freescale.models.attention import (
 from freescale.models.contract import RecModel
 from freescale.models.graphs import BlockGraphs
 from freescale.models.linear import Linear
+from freescale.models.pooling import mean_content
 from freescale.models.small_embedding import SmallEmbedding
 
 
@@ -207,12 +208,7 @@ class SequenceModel(RecModel):
         return {"item_emb": torch.cat(ids)}
 
     def _pool_content(self, content_rows: Tensor, batch: SampleBatch) -> Tensor:
-        """Mean of each candidate's content embeddings (zero when it has none)."""
-        n_c = batch.num_candidates_total
-        lengths = batch.candidate_lengths()
-        owner = segment_ids(batch.content.offsets, content_rows.shape[0])
-        sums = content_rows.new_zeros(n_c, content_rows.shape[1]).index_add(0, owner, content_rows)
-        return sums / lengths.clamp(min=1).unsqueeze(-1).to(sums.dtype)
+        return mean_content(content_rows, batch)
 
 
 def build(
