@@ -174,14 +174,9 @@ class ShardedEmbeddingCollection(nn.Module):
         out: Outputs = {}
         for key, ids in features.items():
             if key not in self._served:
-                given = (
-                    "served already"
-                    if key in self.tables or key in self._feature_table
-                    else "not given"
-                )
                 raise RuntimeError(
-                    f"lookup of {key!r} during a step: {given} to serving(); embedding_inputs "
-                    "must name every lookup forward makes, once"
+                    f"lookup of {key!r} during a step was not given to serving() or is made "
+                    "twice: embedding_inputs must name every lookup forward makes, once"
                 )
             want, emb = self._served.pop(key)
             if not _same_ids(want, ids, exact=self.verify_prefetch):
