@@ -195,17 +195,27 @@ def _apply_kernel(
             bc2 = tl.load(b2_tables + t)
         wp = weight + r * D + cols
         w = tl.load(wp, mask=cm, other=0.0).to(tl.float32)
+        if KIND == 1:
+            s0 = tl.load(state1 + r)
+        elif KIND == 2:
+            m0 = tl.load(state1 + r * D + cols, mask=cm)
+            v0 = tl.load(state2 + r * D + cols, mask=cm)
+        # Warps hold copies of the row (and all of them the scalar state): none
+        # may store before every one has loaded, or a late load reads the new
+        # value and updates twice (seen on an H200: ~4 % of Adagrad updates of
+        # 400k ids had one row off; scripts/gpu_update_apply.py).
+        tl.debug_barrier()
         if DECAY == 1:  # L2: the decay term joins the gradient
             g = g + weight_decay * w
         if KIND == 0:
             new = w - lr * g
         elif KIND == 1:
-            s = tl.load(state1 + r) + tl.div_rn(tl.reduce(g * g, 0, _add), D_f)
+            s = s0 + tl.div_rn(tl.reduce(g * g, 0, _add), D_f)
             tl.store(state1 + r, s)
             new = w - tl.div_rn(lr * g, tl.sqrt_rn(s) + eps)
         else:
-            m = beta1 * tl.load(state1 + r * D + cols, mask=cm) + (1.0 - beta1) * g
-            v = beta2 * tl.load(state2 + r * D + cols, mask=cm) + (1.0 - beta2) * (g * g)
+            m = beta1 * m0 + (1.0 - beta1) * g
+            v = beta2 * v0 + (1.0 - beta2) * (g * g)
             tl.store(state1 + r * D + cols, m, mask=cm)
             tl.store(state2 + r * D + cols, v, mask=cm)
             denom = tl.sqrt_rn(tl.div_rn(v, bc2)) + eps
