@@ -42,7 +42,6 @@ from torch import Tensor, nn
 from freescale.comm import Communicator
 from freescale.embedding import input_dist
 from freescale.embedding.config import ShardingPlan, TableConfig
-from freescale.embedding.kjt import embeddings_to_torchrec, is_kjt, kjt_to_features
 from freescale.embedding.lookup import GroupCall, ShardedLookup, Timer, no_timer
 from freescale.embedding.modes import CollisionStats, Mode, Sync
 from freescale.embedding.nonfinite import NonFiniteGuard
@@ -50,6 +49,7 @@ from freescale.embedding.preflight import Request, make_request
 from freescale.embedding.sharding import RowSharding
 from freescale.embedding.store import ShardStore
 from freescale.jagged import JaggedTensor
+from freescale.jagged.interop import embeddings_to_torchrec, is_kjt, kjt_to_features
 
 Features = Mapping[str, JaggedTensor | Tensor]
 Outputs = dict[str, JaggedTensor | Tensor]
@@ -135,7 +135,7 @@ class ShardedEmbeddingCollection(nn.Module):
         """Look up every feature; see the module docstring for the contract.
 
         A TorchRec ``KeyedJaggedTensor`` is accepted too and gives TorchRec's
-        ``{feature: JaggedTensor}`` (`freescale.embedding.kjt`)."""
+        ``{feature: JaggedTensor}`` (`freescale.jagged.interop`)."""
         if is_kjt(features):
             ours = kjt_to_features(features)  # type: ignore[arg-type]
             return embeddings_to_torchrec(self(ours), ours)

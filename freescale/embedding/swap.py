@@ -25,11 +25,11 @@ from torch import Tensor, nn
 from freescale.comm import Communicator
 from freescale.embedding.collection import ShardedEmbeddingCollection
 from freescale.embedding.config import ShardingPlan, TableConfig
-from freescale.embedding.kjt import embeddings_to_torchrec, kjt_to_features
 from freescale.embedding.lookup import Timer, no_timer
 from freescale.embedding.modes import Mode
 from freescale.embedding.state_dict import load_tables, save_tables
 from freescale.jagged import JaggedTensor
+from freescale.jagged.interop import embeddings_to_torchrec, kjt_to_features
 
 
 class _Swapped(nn.Module):

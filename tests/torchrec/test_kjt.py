@@ -11,8 +11,8 @@ from freescale.embedding import (
     SparseDataDist,
     TableConfig,
 )
-from freescale.embedding.kjt import features_to_kjt, is_kjt, kjt_to_features
 from freescale.jagged import JaggedTensor
+from freescale.jagged.interop import features_to_kjt, is_kjt, kjt_to_features
 
 torchrec = pytest.importorskip("torchrec")
 KJT = torchrec.KeyedJaggedTensor
