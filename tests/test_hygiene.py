@@ -18,6 +18,7 @@ LAYERS = {
     "sim": 2,
     "models": 3,
     "pipeline": 3,
+    "torchrec": 3,
     "cli": 4,
     "testing": 5,
 }

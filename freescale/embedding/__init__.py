@@ -2,8 +2,8 @@
 
 - `TableConfig`, `ShardingPlan`: what to shard and how (`freescale.embedding.config`).
 - `ShardedEmbeddingCollection`: sharded lookup with the optimizer update fused
-  into backward; ``set_prioritized(True)`` switches on prioritized updates
-  (`freescale.embedding.prioritized`, paper Algorithm 2).
+  into backward, in the mode given at construction (`freescale.embedding.modes`):
+  `Sync`, `SparseDataDist` (prefetch) or `Prioritized` (paper Algorithm 2).
 - `SGD`, `RowwiseAdagrad`, `Adam`: sparse row-wise optimizers.
 - `swap(model, plan)`: replace ``nn.Embedding`` / TorchRec ``EmbeddingCollection``.
 - `save` / `load`: ``torch.distributed.checkpoint`` of shards and optimizer state;
@@ -14,6 +14,7 @@
 from freescale.embedding.checkpoint import TableEntries, load, save
 from freescale.embedding.collection import ShardedEmbeddingCollection
 from freescale.embedding.config import ShardingPlan, TableConfig
+from freescale.embedding.modes import Mode, Prioritized, SparseDataDist, Sync
 from freescale.embedding.optim import SGD, Adam, OptimizerConfig, RowwiseAdagrad
 from freescale.embedding.scaling import global_count
 from freescale.embedding.sharding import RowSharding
@@ -22,13 +23,17 @@ from freescale.embedding.swap import ShardedEmbedding, ShardedTorchRecCollection
 __all__ = [
     "SGD",
     "Adam",
+    "Mode",
     "OptimizerConfig",
+    "Prioritized",
     "RowSharding",
     "RowwiseAdagrad",
     "ShardedEmbedding",
     "ShardedEmbeddingCollection",
     "ShardedTorchRecCollection",
     "ShardingPlan",
+    "SparseDataDist",
+    "Sync",
     "TableConfig",
     "TableEntries",
     "global_count",

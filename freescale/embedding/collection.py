@@ -14,25 +14,25 @@ loss by the *global* number of samples (or candidates) of the step, see
 `freescale.embedding.scaling`, and the update does not depend on how the
 samples were split across ranks.
 
-Prioritized updates (paper Algorithm 2, `freescale.embedding.prioritized`):
-after ``set_prioritized(True)``, ``prefetch(features)`` of step i+1 (called
-before step i's backward) looks up every row of step i+1 that step i does not
-update; only the collision rows wait for step i's update. Results stay
-bit-identical to the synchronous path; ``flush()`` applies the deferred part
-of the last update (the checkpoint and full-table reads call it).
+The mode, fixed at construction (`freescale.embedding.modes`), decides what
+``prefetch`` does and when exchanges run: `Sync` (the default), `SparseDataDist`
+or `Prioritized` (paper Algorithm 2: ``prefetch(features)`` of step i+1 looks
+up every row step i does not update; only the collision rows wait). Results
+are bit-identical in every mode; ``flush()`` applies a deferred part of the
+last update (the checkpoint and full-table reads call it).
 
 One lookup per step (`serving`): a model may call several swapped modules
 (an item table, a category table, a TorchRec collection) separately. The
 trainer looks every one of them up in one call, ``with serving(features):``,
 and each module's call inside is answered from that call's outputs: every
-table of a step travels in one exchange, which the sdd prefetch and the
-prioritized schedule (one lookup per step) need.
+table of a step travels in one exchange, which a prefetching mode (one
+lookup per step) needs. Its swapped modules refuse a training call outside
+`serving` (`lookup_needs_serving`).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -42,14 +42,14 @@ from torch import Tensor, nn
 from freescale.comm import Communicator
 from freescale.embedding import input_dist
 from freescale.embedding.config import ShardingPlan, TableConfig
-from freescale.embedding.kjt import embeddings_to_torchrec, is_kjt, kjt_to_features
 from freescale.embedding.lookup import GroupCall, ShardedLookup, Timer, no_timer
+from freescale.embedding.modes import CollisionStats, Mode, Sync
 from freescale.embedding.nonfinite import NonFiniteGuard
 from freescale.embedding.preflight import Request, make_request
-from freescale.embedding.prioritized import CollisionStats, PrioritizedLookup, PrioritizedSchedule
 from freescale.embedding.sharding import RowSharding
 from freescale.embedding.store import ShardStore
 from freescale.jagged import JaggedTensor
+from freescale.jagged.interop import embeddings_to_torchrec, is_kjt, kjt_to_features
 
 Features = Mapping[str, JaggedTensor | Tensor]
 Outputs = dict[str, JaggedTensor | Tensor]
@@ -66,7 +66,20 @@ def _group_tables(
 
 
 class ShardedEmbeddingCollection(nn.Module):
-    """Several tables, grouped by (dtype, dim, optimizer), sharded row-wise over ``comm``."""
+    """Several tables, grouped by (dtype, dim, optimizer), sharded row-wise over ``comm``.
+
+    Keyword-only, fixed for the collection's life: ``mode`` (`Sync()` if not
+    given; `freescale.embedding.modes`); ``timer(section)``, a context manager
+    around each exchange and update (`freescale.embedding.lookup.Timer`);
+    ``overlap_comm``, which carries the exchanges issued ahead of their use
+    (the next step's preflight, ids, collision marks and rows, deferred
+    gradients; e.g. the SM-free backend) while the blocking ones stay on
+    ``comm``; ``inputs_checked``: the caller checked every id and offset on
+    the host (the trainer's loader does), so the device check is skipped and
+    at world size 1 the forward no longer waits for the GPU (counts are the
+    ids' sizes). Lookups under `prefetch_disabled` (evaluation) are checked
+    anyway.
+    """
 
     def __init__(
         self,
@@ -75,14 +88,20 @@ class ShardedEmbeddingCollection(nn.Module):
         plan: ShardingPlan | None = None,
         device: torch.device | str | None = None,
         seed: int = 0,
+        *,
+        mode: Mode | None = None,
+        timer: Timer = no_timer,
+        overlap_comm: Communicator | None = None,
+        inputs_checked: bool = False,
     ) -> None:
         super().__init__()
         plan = plan if plan is not None else ShardingPlan()
         _check_names(tables)
-        self.comm, self.plan = comm, plan
-        # Exchanges issued ahead of their use (prefetches, deferred gradients)
-        # may travel on another backend than the blocking ones (`set_overlap_comm`).
-        self.overlap_comm: Communicator = comm
+        overlap_comm = overlap_comm if overlap_comm is not None else comm
+        if (overlap_comm.rank, overlap_comm.world_size) != (comm.rank, comm.world_size):
+            raise ValueError("the overlap communicator must span the same ranks")
+        self.comm, self.plan, self.overlap_comm = comm, plan, overlap_comm
+        self._timer, self._inputs_checked = timer, inputs_checked
         self.device = torch.device(device) if device is not None else comm.device
         self.tables = {t.name: t for t in tables}
         self.stores = nn.ModuleList()
@@ -100,46 +119,37 @@ class ShardedEmbeddingCollection(nn.Module):
         # backward (and with it the fused update) runs. Not a parameter, so
         # dense optimizers and DDP never see it.
         self._anchor = torch.empty(0, requires_grad=True)
-        self.timer: Timer = no_timer
-        self._pending: deque[input_dist.PreparedLookup] = deque()
         self._use_prefetch = True
-        # The caller checked every id and offset on the host (the trainer's
-        # loader does): the device check is skipped, and at world size 1 the
-        # forward no longer waits for the GPU (counts are the ids' sizes).
-        # Lookups under `prefetch_disabled` (evaluation) are checked anyway.
-        self.host_checked_inputs = False
         # Compare prefetched ids with the forward's ids (exact; a host sync on GPU).
         self.verify_prefetch = self.device.type == "cpu"
-        self._prio: PrioritizedSchedule | None = None
         self.nonfinite: NonFiniteGuard | None = None  # see `guard_nonfinite`
         # Swapped modules put the tables in their model's state_dict (a collective).
         self.tables_in_state_dict = True
         # `serving`: {feature: (its ids as requested, its output)} not yet taken.
         self._served: dict[str, tuple[JaggedTensor | Tensor, JaggedTensor | Tensor]] | None = None
+        self.mode = mode if mode is not None else Sync()
+        self.mode.bind(self)
 
     # ---- lookup --------------------------------------------------------------
     def forward(self, features: Features) -> Outputs:
         """Look up every feature; see the module docstring for the contract.
 
         A TorchRec ``KeyedJaggedTensor`` is accepted too and gives TorchRec's
-        ``{feature: JaggedTensor}`` (`freescale.embedding.kjt`)."""
+        ``{feature: JaggedTensor}`` (`freescale.jagged.interop`)."""
         if is_kjt(features):
             ours = kjt_to_features(features)  # type: ignore[arg-type]
             return embeddings_to_torchrec(self(ours), ours)
         if self._served is not None:
             return self._serve(features)
-        if self._prio is not None:
-            return self._forward_prioritized(features)
-        return self._forward_sync(
-            self._take_prefetched(features) or self._start(features, self.comm)
-        )
+        return self.mode.forward(features)
 
-    def _forward_sync(self, prepared: input_dist.PreparedLookup) -> Outputs:
-        input_dist.issue_ids(prepared, self.comm, self.timer)
+    def _lookup(self, prepared: input_dist.PreparedLookup) -> Outputs:
+        """The synchronous lookup of ``prepared`` (its ids exchange issued if not yet)."""
+        input_dist.issue_ids(prepared, self.comm, self._timer)
         if not prepared.calls:  # every rank passed no features (the preflight checked that)
             return {}
         outputs = ShardedLookup.apply(
-            self._anchor, prepared.calls, self.comm, self.timer, self.nonfinite
+            self._anchor, prepared.calls, self.comm, self._timer, self.nonfinite
         )
         return self._split(prepared.calls, outputs)
 
@@ -169,6 +179,17 @@ class ShardedEmbeddingCollection(nn.Module):
                     "embedding_inputs must name exactly the lookups forward makes"
                 )
 
+    def lookup_needs_serving(self) -> bool:
+        """Whether a training lookup of part of a step's features, now, would
+        break the mode's one lookup per step (a prefetching mode, outside
+        `serving`, gradients on, prefetch not disabled)."""
+        return (
+            self.mode.prefetches
+            and self._served is None
+            and self._use_prefetch
+            and torch.is_grad_enabled()
+        )
+
     def _serve(self, features: Features) -> Outputs:
         assert self._served is not None
         out: Outputs = {}
@@ -187,51 +208,42 @@ class ShardedEmbeddingCollection(nn.Module):
             out[key] = emb
         return out
 
-    # ---- sparse data dist: start a future call's input distribution early ----
+    # ---- prefetching modes: start a future call's input distribution early ----
     def prefetch(self, features: Features) -> None:
         """Start the input distribution of a *later* ``forward(features)``.
 
-        Issues the validation/counts exchange now; `prefetch_ids` (or the
-        forward itself) then issues the ids AllToAll. Calls are matched in
-        order; every rank must prefetch the same calls.
+        Needs a prefetching mode (`SparseDataDist`, `Prioritized`). Issues the
+        validation/counts exchange now; `prefetch_ids` (or the forward itself)
+        then issues the ids AllToAll. Calls are matched in order; every rank
+        must prefetch the same calls.
 
-        In prioritized mode (`freescale.embedding.prioritized`) the work of the
-        next step that waits for no update runs in two phases: this call issues
-        its preflight exchange; `prefetch_ids` (or, at the latest, the next
-        ``prefetch`` or the forward that needs it) does the rest. Call it for
+        In `Prioritized` mode the work of the next step that waits for no
+        update runs in two phases: this call issues its preflight exchange;
+        `prefetch_ids` (or, at the latest, the next ``prefetch`` or the
+        forward that needs it) does the rest. Call it for
         step i+1 before step i's backward, at most one step ahead; calling
         `prefetch_ids` after step i's forward has been launched keeps the
         host's one read of the counts off the GPU's critical path.
         """
         if is_kjt(features):
             features = kjt_to_features(features)  # type: ignore[arg-type]
-        if self._prio is not None:
-            prio = self._schedule()
-            prio.complete_pending()  # an earlier step's, not completed yet
-            prio.check_can_prefetch()  # before any collective is issued
-            prio.pending = self._start(features, self.overlap_comm)
-        else:
-            self._pending.append(self._start(features, self.overlap_comm))
+        self.mode.prefetch(features)
 
     def prefetch_ids(self) -> None:
         """Read the counts of every prefetched call and issue its ids AllToAll
-        (prioritized mode: complete the prefetch of the next step)."""
-        if self._prio is not None:
-            self._schedule().complete_pending()
-        for prepared in self._pending:
-            input_dist.issue_ids(prepared, self.overlap_comm, self.timer)
+        (`Prioritized`: complete the prefetch of the next step)."""
+        self.mode.prefetch_ids()
 
     def prefetch_waits_for_gpu(self) -> bool:
         """Whether `prefetch_ids` now would wait for the GPU: some prefetched
         lookup still has its counts to read. If not (one rank with
-        `host_checked_inputs`), calling it at once costs the host nothing."""
-        pending = [self._prio.pending] if self._prio is not None else list(self._pending)
-        return any(p is not None and p.pending is not None for p in pending)
+        ``inputs_checked``), calling it at once costs the host nothing."""
+        return self.mode.prefetch_waits_for_gpu()
 
     @contextlib.contextmanager
     def prefetch_disabled(self) -> Iterator[None]:
         """Lookups inside (e.g. evaluation) run in place, leave prefetched ones
-        alone and check their input on the device (`host_checked_inputs` is
+        alone and check their input on the device (``inputs_checked`` is
         about the caller's own batches)."""
         self._use_prefetch, saved = False, self._use_prefetch
         try:
@@ -243,30 +255,10 @@ class ShardedEmbeddingCollection(nn.Module):
         keys = sorted(features)
         unknown = [k for k in keys if k not in self._feature_table]
         requests = [] if unknown else [self._request(k, features[k]) for k in keys]
-        checked = self.host_checked_inputs and self._use_prefetch
+        checked = self._inputs_checked and self._use_prefetch
         return input_dist.start(
             comm, list(self.stores), keys, requests, unknown, self.device, checked
         )
-
-    def set_overlap_comm(self, comm: Communicator) -> None:
-        """Carry the exchanges issued ahead of their use (the next step's preflight,
-        ids, collision marks and rows, deferred gradients) on ``comm`` (e.g. the
-        SM-free backend); the blocking ones stay on the collection's own. Same
-        ranks and world size; set it between steps with nothing prefetched."""
-        if (comm.rank, comm.world_size) != (self.comm.rank, self.comm.world_size):
-            raise ValueError("the overlap communicator must span the same ranks")
-        if self._pending or (self._prio is not None and (self._prio.steps or self._prio.pending)):
-            raise RuntimeError("set the overlap communicator with nothing prefetched")
-        self.overlap_comm = comm
-        if self._prio is not None:
-            self._prio.overlap = comm
-
-    def _take_prefetched(self, features: Features) -> input_dist.PreparedLookup | None:
-        if not self._pending or not self._use_prefetch:
-            return None
-        prepared = self._pending.popleft()
-        self._check_prefetched(prepared, features)
-        return prepared
 
     def _check_prefetched(self, prepared: input_dist.PreparedLookup, features: Features) -> None:
         keys = sorted(features)
@@ -300,35 +292,12 @@ class ShardedEmbeddingCollection(nn.Module):
         every rank alike, between steps. Returns the guard (None when disabled).
         """
         self.nonfinite = NonFiniteGuard(self.comm) if enabled else None
-        if self._prio is not None:
-            self._prio.guard = self.nonfinite
         return self.nonfinite
 
-    # ---- prioritized updates ---------------------------------------------------
-    def set_prioritized(self, enabled: bool) -> None:
-        """Switch prioritized updates on or off (between steps; off flushes)."""
-        if enabled and self._prio is None:
-            if self._pending:
-                raise RuntimeError("switch to prioritized updates with no sdd prefetch pending")
-            self._prio = PrioritizedSchedule(
-                self.comm, self.timer, self.overlap_comm, self.nonfinite
-            )
-        elif not enabled and self._prio is not None:
-            prio = self._schedule()
-            pending, prio.pending = prio.pending, None
-            prio.drain()
-            self._prio = None
-            if pending is not None:  # its preflight is issued: continue it sdd-style
-                self._pending.append(pending)
-
-    @property
-    def prioritized(self) -> bool:
-        return self._prio is not None
-
+    # ---- what the mode defers ---------------------------------------------------
     def flush(self) -> None:
         """Apply the deferred (exclusive) part of the last update; local, no collective."""
-        if self._prio is not None:
-            self._schedule().flush()
+        self.mode.flush()
 
     def collision_stats(self) -> CollisionStats | None:
         """Collision of the last prefetched step with the one before, on this rank's shards.
@@ -336,40 +305,7 @@ class ShardedEmbeddingCollection(nn.Module):
         Device tensors, not read here (reading them would make the host wait
         for the device); None before any collision was computed.
         """
-        if self._prio is None:
-            return None
-        self._schedule().complete_pending()  # the split of a half-done prefetch
-        return self._prio.last_stats
-
-    def _schedule(self) -> PrioritizedSchedule:
-        assert self._prio is not None
-        self._prio.timer = self.timer  # the timer may be replaced after construction
-        return self._prio
-
-    def _forward_prioritized(self, features: Features) -> Outputs:
-        prio = self._schedule()
-        if not prio.steps and torch.is_grad_enabled() and self._use_prefetch:
-            prio.complete_pending()  # this forward's own lookup, half prefetched
-        if not (torch.is_grad_enabled() and self._use_prefetch):
-            # An evaluation lookup: it reads the current tables and updates
-            # nothing, so prefetched rows stay valid.
-            prio.flush()
-            if torch.is_grad_enabled() and prio.steps:
-                raise RuntimeError(
-                    "a lookup with gradients outside the prioritized schedule would change "
-                    "rows already prefetched: run it under torch.no_grad()"
-                )
-            return self._forward_sync(self._start(features, self.comm))
-        state = prio.take()
-        if state is None:
-            state = prio.prefetch(self._start(features, self.overlap_comm))
-        else:
-            self._check_prefetched(state.prepared, features)
-        if not state.prepared.calls:  # no rank passed features: nothing to update
-            prio.discard(state)
-            return {}
-        outputs = PrioritizedLookup.apply(self._anchor, prio, state)
-        return self._split(state.prepared.calls, outputs)
+        return self.mode.collision_stats()
 
     def _request(self, key: str, value: JaggedTensor | Tensor) -> Request:
         table = self.tables[self._feature_table[key]]
@@ -444,8 +380,7 @@ class ShardedEmbeddingCollection(nn.Module):
         super()._save_to_state_dict(destination, prefix, keep_vars)
 
     def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any) -> None:
-        if self._prio is not None and self._prio.steps:
-            raise RuntimeError("load a checkpoint with no prioritized step prefetched")
+        self.mode.check_load()
         self.flush()  # complete the pending exchange; the load overwrites its rows
         super()._load_from_state_dict(state_dict, prefix, *args)
 

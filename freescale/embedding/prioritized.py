@@ -107,13 +107,11 @@ class PrioritizedSchedule:
         comm: Communicator,
         timer: Timer = no_timer,
         overlap: Communicator | None = None,
-        guard: NonFiniteGuard | None = None,
     ) -> None:
         # ``comm`` carries the blocking exchanges (collision gradients and rows);
         # ``overlap`` those issued ahead of their use (prefetch, deferred gradients).
         self.comm, self.timer = comm, timer
         self.overlap = overlap if overlap is not None else comm
-        self.guard = guard  # agrees whether the step is skipped, before any row changes
         self.steps: deque[StepState] = deque()  # [current] or [current, next]
         self.stash: list[Deferred] = []
         self.last_stats: CollisionStats | None = None
@@ -215,8 +213,12 @@ class PrioritizedSchedule:
         return tuple(outputs)
 
     # ---- backward ------------------------------------------------------------
-    def backward(self, state: StepState, grads: tuple[Tensor, ...]) -> None:
-        """Collision part now (and its rows to the next step); exclusive part stashed."""
+    def backward(
+        self, state: StepState, grads: tuple[Tensor, ...], guard: NonFiniteGuard | None = None
+    ) -> None:
+        """Collision part now (and its rows to the next step); exclusive part stashed.
+
+        ``guard`` agrees whether the step is skipped, before any row changes."""
         if not self.steps or self.steps[0] is not state or not state.forwarded:
             raise RuntimeError("backward ran twice, or out of order, through a prioritized lookup")
         self.complete_pending()  # the next step must be split against this one first
@@ -224,9 +226,9 @@ class PrioritizedSchedule:
         self.flush()  # normally empty: prefetch applied it
         nxt = self.steps[0] if self.steps else None
         skip = None
-        if self.guard is not None and state.calls():
+        if guard is not None and state.calls():
             with self.timer("grad_a2a"):  # waits for the other ranks' backward
-                skip = self.guard.agree(grads, state.prepared.calls[0].store.weight.device)
+                skip = guard.agree(grads, state.prepared.calls[0].store.weight.device)
         deferred: list[tuple[ShardStore, Tensor, Tensor, Link, tuple[int, ...]]] = []
         for (g, call), grad in zip(state.calls().items(), grads, strict=True):
             grad_send = apply_dispatch(grad.to(call.store.dtype).contiguous(), call.plan)
@@ -277,30 +279,23 @@ class PrioritizedSchedule:
             rows = lk.next.store.lookup(slots)
         return self.comm.all_to_all_v(rows, send, recv)
 
-    # ---- mode switch -----------------------------------------------------------
-    def drain(self) -> None:
-        """Complete every pending exchange and drop the prefetched steps (mode switch)."""
-        if self.steps and self.steps[0].forwarded:
-            raise RuntimeError("switch modes between steps, not between forward and backward")
-        self.flush()
-        for state in self.steps:
-            for work in (*state.exclusive.values(), *state.collided.values()):
-                work.wait()
-        self.steps.clear()
-
 
 class PrioritizedLookup(torch.autograd.Function):
     """Outputs: one ``[N_g, D_g]`` batch-major embedding tensor per group call."""
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx: Any, anchor: Tensor, schedule: PrioritizedSchedule, state: StepState
+        ctx: Any,
+        anchor: Tensor,
+        schedule: PrioritizedSchedule,
+        state: StepState,
+        guard: NonFiniteGuard | None,
     ) -> tuple[Tensor, ...]:
-        ctx.schedule, ctx.state = schedule, state
+        ctx.schedule, ctx.state, ctx.guard = schedule, state, guard
         return schedule.forward(state)
 
     @staticmethod
     def backward(ctx: Any, *grads: Tensor) -> tuple[None, ...]:
         with torch.no_grad():
-            ctx.schedule.backward(ctx.state, grads)
-        return None, None, None
+            ctx.schedule.backward(ctx.state, grads, ctx.guard)
+        return None, None, None, None

@@ -195,9 +195,7 @@ def load_tables(
 
     if not collection.tables_in_state_dict:
         return
-    prio = collection._prio
-    if prio is not None and prio.steps:
-        raise RuntimeError("load a checkpoint with no prioritized step prefetched")
+    collection.mode.check_load()
     comm = comm or collection.comm
     if any(isinstance(v, DTensor) for k, v in state_dict.items() if k.startswith(prefix)):
         _agree(comm, f"load_state_dict() of sharded tables under {prefix!r}")

@@ -7,6 +7,11 @@ and each TorchRec ``EmbeddingCollection`` becomes a `ShardedTorchRecCollection`
 `ShardedEmbeddingCollection` (returned; checkpoint it, the swapped modules hold
 no state of their own) and start from the original modules' weights, so a
 sharded run starts exactly where the unsharded one does.
+
+In a prefetching mode (`freescale.embedding.modes`) the collection looks a
+training step up in one call: a model that reads several swapped modules runs
+inside ``collection.serving(features)`` (the trainer does), and a swapped
+module called on its own there raises at the call, saying so.
 """
 
 from __future__ import annotations
@@ -20,26 +25,50 @@ from torch import Tensor, nn
 from freescale.comm import Communicator
 from freescale.embedding.collection import ShardedEmbeddingCollection
 from freescale.embedding.config import ShardingPlan, TableConfig
-from freescale.embedding.kjt import embeddings_to_torchrec, kjt_to_features
+from freescale.embedding.lookup import Timer, no_timer
+from freescale.embedding.modes import Mode
 from freescale.embedding.state_dict import load_tables, save_tables
 from freescale.jagged import JaggedTensor
+from freescale.jagged.interop import embeddings_to_torchrec, kjt_to_features
 
 
-class ShardedEmbedding(nn.Module):
-    """Drop-in for ``nn.Embedding``: ``forward(ids) -> ids.shape + (dim,)``."""
+class _Swapped(nn.Module):
+    """What the drop-ins share: the collection, and the one-lookup-per-step rule."""
 
-    def __init__(self, collection: ShardedEmbeddingCollection, table: str) -> None:
+    def __init__(self, collection: ShardedEmbeddingCollection, path: str, siblings: int) -> None:
         super().__init__()
         # Held outside the module tree: several swapped modules share one
         # collection, whose state is saved once, through the collection.
         self.__dict__["collection"] = collection
+        self.path, self.siblings = path, siblings
+
+    def _lookup(self, features: dict[str, Any]) -> dict[str, Any]:
+        c = self.collection
+        if self.siblings > 1 and c.lookup_needs_serving():
+            raise RuntimeError(
+                f"{self.path!r} was called on its own, but its collection "
+                f"(mode={type(c.mode).__name__}) looks up all {self.siblings} swapped modules "
+                "of a training step in one call: run the model inside "
+                "`with collection.serving(features):` (features: every module's "
+                "lookup_features), or swap with mode=Sync()"
+            )
+        return c(features)
+
+
+class ShardedEmbedding(_Swapped):
+    """Drop-in for ``nn.Embedding``: ``forward(ids) -> ids.shape + (dim,)``."""
+
+    def __init__(
+        self, collection: ShardedEmbeddingCollection, table: str, siblings: int = 1
+    ) -> None:
+        super().__init__(collection, table, siblings)
         self.table = table
         cfg = collection.tables[table]
         self.num_embeddings, self.embedding_dim = cfg.rows, cfg.dim
         self.padding_idx = cfg.padding_idx
 
     def forward(self, input: Tensor) -> Tensor:
-        return self.collection({self.table: input})[self.table]  # type: ignore[return-value]
+        return self._lookup({self.table: input})[self.table]
 
     def lookup_features(self, input: Tensor) -> dict[str, Tensor]:
         """The collection's features behind ``forward(input)`` (for `serving`, `prefetch`)."""
@@ -59,14 +88,17 @@ class ShardedEmbedding(nn.Module):
         load_tables(self.collection, {"": self.table}, prefix, state_dict, *args)
 
 
-class ShardedTorchRecCollection(nn.Module):
+class ShardedTorchRecCollection(_Swapped):
     """Drop-in for ``torchrec.EmbeddingCollection``: ``forward(kjt) -> {feature: JT}``."""
 
     def __init__(
-        self, collection: ShardedEmbeddingCollection, prefix: str, need_indices: bool
+        self,
+        collection: ShardedEmbeddingCollection,
+        prefix: str,
+        need_indices: bool,
+        siblings: int = 1,
     ) -> None:
-        super().__init__()
-        self.__dict__["collection"] = collection
+        super().__init__(collection, prefix[:-1], siblings)
         self.prefix, self.need_indices = prefix, need_indices
 
     def lookup_features(self, features: Any) -> dict[str, JaggedTensor]:
@@ -79,7 +111,7 @@ class ShardedTorchRecCollection(nn.Module):
 
     def forward(self, features: Any) -> dict[str, Any]:
         ours = self.lookup_features(features)
-        out = embeddings_to_torchrec(self.collection(ours), ours, self.prefix)
+        out = embeddings_to_torchrec(self._lookup(ours), ours, self.prefix)
         if self.need_indices:  # TorchRec returns the ids as the weights
             for key, jt in ours.items():
                 out[key[len(self.prefix) :]]._weights = jt.values
@@ -159,11 +191,17 @@ def swap(
     plan: ShardingPlan,
     comm: Communicator | None = None,
     device: torch.device | str | None = None,
+    *,
+    mode: Mode | None = None,
+    timer: Timer = no_timer,
+    overlap_comm: Communicator | None = None,
+    inputs_checked: bool = False,
 ) -> ShardedEmbeddingCollection:
     """Replace the embedding modules ``plan`` selects; return the collection behind them.
 
     Every rank must call it on an identical model. ``comm`` defaults to a
-    `TorchCommunicator` on the default process group.
+    `TorchCommunicator` on the default process group; the keyword arguments
+    go to `ShardedEmbeddingCollection` (fixed for the collection's life).
     """
     if comm is None:
         from freescale.comm import TorchCommunicator
@@ -186,10 +224,20 @@ def swap(
         raise ValueError("swap found no nn.Embedding / EmbeddingCollection that the plan selects")
     _check_not_tied(model, targets)
     pairs = [pair for path, m in targets.values() for pair in _tables_of(path, m, plan, ec_type)]
-    collection = ShardedEmbeddingCollection([c for c, _ in pairs], comm, plan, device)
+    collection = ShardedEmbeddingCollection(
+        [c for c, _ in pairs],
+        comm,
+        plan,
+        device,
+        mode=mode,
+        timer=timer,
+        overlap_comm=overlap_comm,
+        inputs_checked=inputs_checked,
+    )
     for cfg, weight in pairs:
         collection.set_table(cfg.name, weight.detach())
-    replacements = {key: _replacement(collection, path, m) for key, (path, m) in targets.items()}
+    n = len(targets)
+    replacements = {key: _replacement(collection, path, m, n) for key, (path, m) in targets.items()}
     for _, parent in model.named_modules(remove_duplicate=False):
         for child_name, child in list(parent.named_children()):
             if id(child) in replacements:
@@ -197,9 +245,10 @@ def swap(
     return collection
 
 
-def _replacement(collection: ShardedEmbeddingCollection, path: str, m: nn.Module) -> nn.Module:
+def _replacement(
+    collection: ShardedEmbeddingCollection, path: str, m: nn.Module, siblings: int
+) -> nn.Module:
     if isinstance(m, nn.Embedding):
-        return ShardedEmbedding(collection, path)
-    return ShardedTorchRecCollection(
-        collection, path + ".", bool(getattr(m, "_need_indices", False))
-    )
+        return ShardedEmbedding(collection, path, siblings)
+    need_indices = bool(getattr(m, "_need_indices", False))
+    return ShardedTorchRecCollection(collection, path + ".", need_indices, siblings)

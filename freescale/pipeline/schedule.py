@@ -1,13 +1,14 @@
-"""What each training mode issues early, what it waits for, and where.
+"""What the trainer issues early, what it waits for, and where, in each mode.
 
-The trainer calls the same hooks in every mode; a mode is one small object
-that decides what happens in them (step i, batch i+1 already known):
+The trainer calls the same hooks in every mode; what they do depends only on
+the embedding collection's mode (`freescale.embedding.modes`, fixed when the
+trainer builds it). Step i, batch i+1 already known:
 
 - ``upcoming(lookups of batch i+1)``, at the start of step i (every table
   the batch reads, as one call's features: `Trainer.lookup_features`).
-  `sync`: nothing. `sdd` and `freescale`: the preflight exchange and the
-  candidate count of i+1 (on GPUs their counts are copied to pinned memory
-  at once, so the later read waits for that copy only).
+  `sync`: nothing. `sdd` and `freescale` (a prefetching mode): the preflight
+  exchange and the candidate count of i+1 (on GPUs their counts are copied
+  to pinned memory at once, so the later read waits for that copy only).
 - ``global_count(step i)``: `sync` all-reduces the count now (blocking);
   the others waited for the one issued a step earlier.
 - ``after_forward()``: `sdd` issues the ids AllToAll of i+1 (it overlaps
@@ -41,25 +42,40 @@ from freescale.pipeline.loader import BatchInfo
 
 
 class Schedule:
-    """`sync` ("vanilla TorchRec"): nothing is issued early."""
+    """The hooks of the training loop, for the collection's mode."""
 
     def __init__(self, embeddings: Any, device: torch.device, timer: Any) -> None:
         self.embeddings, self.device, self.timer = embeddings, device, timer
+        self.prefetches = embeddings.mode.prefetches
         self._counts: deque[Any] = deque()  # issued count all-reduces, in step order
 
     def upcoming(self, features: dict[str, Any], info: BatchInfo) -> None:
         """The batch after the current one is known (its step is next)."""
+        if not self.prefetches:
+            return
+        self.embeddings.prefetch(features)  # every table of the step: one exchange
+        if info.global_candidates is None:
+            self._counts.append(self._issue_count(info))
+        if not self.embeddings.prefetch_waits_for_gpu():  # counts known: no reason to wait
+            self.embeddings.prefetch_ids()
 
     def after_forward(self) -> None:
-        """Forward of the current step has been launched."""
+        """Forward of the current step has been launched: the next batch's ids
+        AllToAll (and, `freescale`, the rest of its prefetch) overlaps backward,
+        and the one host read waits for that exchange while the GPU works."""
+        self.embeddings.prefetch_ids()
 
     def flush(self) -> None:
         """Make the tables exact now (before evaluation, checkpoints, the end)."""
+        self.embeddings.flush()
 
     def collision_counts(self) -> Tensor | None:
         """After step i: this rank's [C^i rows, rows of i+1, C^i ids, ids
         of i+1] as a device tensor (not read here), or None when the mode has none."""
-        return None
+        stats = self.embeddings.collision_stats()
+        if stats is None:
+            return None
+        return torch.stack([stats.rows, stats.rows_next, stats.ids, stats.ids_next]).double()
 
     def global_count(self, info: BatchInfo) -> int | Tensor:
         """The step's global candidate count (the loss normalizer)."""
@@ -77,48 +93,3 @@ class Schedule:
         if dist.get_world_size() == 1:  # the sum of one rank's count is that count
             return count, None
         return count, dist.all_reduce(count, async_op=True)
-
-    def _prefetch(self, features: dict[str, Any], info: BatchInfo) -> None:
-        self.embeddings.prefetch(features)  # every table of the step: one exchange
-        if info.global_candidates is None:
-            self._counts.append(self._issue_count(info))
-
-
-class SparseDataDist(Schedule):
-    """`sdd` (TorchRec's sparse data dist): the ids exchange of step i+1
-    overlaps step i; its counts are read after step i's forward."""
-
-    def upcoming(self, features: dict[str, Any], info: BatchInfo) -> None:
-        self._prefetch(features, info)
-        if not self.embeddings.prefetch_waits_for_gpu():  # counts known: no reason to wait
-            self.embeddings.prefetch_ids()
-
-    def after_forward(self) -> None:
-        self.embeddings.prefetch_ids()  # next batch's ids AllToAll overlaps backward
-
-
-class Prioritized(SparseDataDist):
-    """`freescale` (paper Algorithm 2): step i+1's embeddings are looked up
-    during step i except the collision rows, which step i's backward updates
-    and sends; the rest of step i's update is applied at the start of step i+1.
-
-    The hooks are sdd's: in prioritized mode the collection's ``prefetch`` issues
-    i+1's preflight and ``prefetch_ids`` (after forward) does the rest of its
-    prefetch, so the one host read waits for that exchange while the GPU works
-    on forward."""
-
-    def __init__(self, embeddings: Any, device: torch.device, timer: Any) -> None:
-        super().__init__(embeddings, device, timer)
-        embeddings.set_prioritized(True)
-
-    def flush(self) -> None:
-        self.embeddings.flush()
-
-    def collision_counts(self) -> Tensor | None:
-        stats = self.embeddings.collision_stats()
-        if stats is None:
-            return None
-        return torch.stack([stats.rows, stats.rows_next, stats.ids, stats.ids_next]).double()
-
-
-SCHEDULES = {"sync": Schedule, "sdd": SparseDataDist, "freescale": Prioritized}

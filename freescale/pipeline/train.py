@@ -23,6 +23,7 @@ from torch import Tensor
 from freescale.comm import make_communicator
 from freescale.data.source import DataSource, schema_of
 from freescale.embedding import TableEntries, swap
+from freescale.embedding.modes import MODES
 from freescale.jagged.batch import SampleBatch
 from freescale.jagged.ops import copy_to_host, wait_for_copy
 from freescale.models.contract import has_default_loss
@@ -47,7 +48,7 @@ from freescale.pipeline.metrics import (
 )
 from freescale.pipeline.nonfinite import NonFiniteCount, skip_flags
 from freescale.pipeline.position import DataPosition, resume_record, resumed_source
-from freescale.pipeline.schedule import SCHEDULES
+from freescale.pipeline.schedule import Schedule
 from freescale.pipeline.setup import (
     DenseSync,
     build_model,
@@ -122,20 +123,19 @@ class Trainer:
         # identities. Only the data wait is read from the sections there.
         self.timer = SectionTimer(self.device, frozenset({"data"}) if self.world == 1 else None)
         self.comm = make_communicator(cfg.comm_backend, self.device)
-        self.embeddings = swap(self.model, sharding_plan(cfg, self.model), self.comm, self.device)
-        self.swapped = {p: self.model.get_submodule(p) for p in self.model.sharded_modules}
-        self.table_entries = TableEntries(self.embeddings)  # what checkpoints hold
         self.overlap_comm = self.comm
         if cfg.comm_overlapped and cfg.comm_overlapped != cfg.comm_backend:
             self.overlap_comm = make_communicator(cfg.comm_overlapped, self.device)
-            self.embeddings.set_overlap_comm(self.overlap_comm)
-        self.embeddings.timer = self.timer.section
-        # The loader checks every training batch on the host (`inputs.find_problem`).
-        self.embeddings.host_checked_inputs = True
+        self.embeddings = swap(
+            self.model, sharding_plan(cfg, self.model), self.comm, self.device,
+            mode=MODES[self.schedule_name](), timer=self.timer.section,
+            overlap_comm=self.overlap_comm,
+            inputs_checked=True,  # the loader checks every training batch (`inputs.find_problem`)
+        )  # fmt: skip
+        self.swapped = {p: self.model.get_submodule(p) for p in self.model.sharded_modules}
+        self.table_entries = TableEntries(self.embeddings)  # what checkpoints hold
         self.dense = DenseSync(self.model, self.timer.seq_mark)
-        self.schedule = SCHEDULES[self.schedule_name](
-            self.embeddings, self.device, self.timer.section
-        )
+        self.schedule = Schedule(self.embeddings, self.device, self.timer.section)
         # Listed once: `Module.parameters()` walks the module tree on every call.
         self.dense_params = list(self.model.parameters())
         # Fused Adam takes the step's non-finite flag on the device (`found_inf`,

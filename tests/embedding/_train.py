@@ -9,6 +9,7 @@ number of samples, so the sharded update must not depend on the split.
 from __future__ import annotations
 
 import io
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -117,10 +118,14 @@ def loss_of(outputs: dict, id_weights: dict, feature_table: dict, tgt: dict, ids
     return total / SAMPLES
 
 
-def make_collection(comm: Communicator, optimizer: str, plan_kwargs: dict, seed: int = 0):
+def make_collection(
+    comm: Communicator, optimizer: str, plan_kwargs: dict, seed: int = 0, **kwargs: Any
+):
+    """The test tables; ``kwargs`` (mode, timer, ...) go to the collection."""
     coll = ShardedEmbeddingCollection(
-        tables(optimizer), comm, ShardingPlan(**plan_kwargs), device=comm.device, seed=seed
-    )
+        tables(optimizer), comm, ShardingPlan(**plan_kwargs), device=comm.device, seed=seed,
+        **kwargs,
+    )  # fmt: skip
     for name, w in initial_tables().items():
         coll.set_table(name, w)
     return coll

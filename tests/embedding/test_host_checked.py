@@ -1,4 +1,4 @@
-"""`host_checked_inputs`: the caller checked ids and offsets on the host.
+"""``inputs_checked``: the caller checked ids and offsets on the host.
 
 The device check of the preflight is then skipped and, with one rank, so is
 the whole exchange (the forward never waits for the GPU). The numbers must
@@ -13,14 +13,19 @@ import pytest
 import torch
 
 from freescale.comm import run_threads
-from freescale.embedding import ShardedEmbeddingCollection, TableConfig, input_dist
+from freescale.embedding import (
+    Prioritized,
+    ShardedEmbeddingCollection,
+    SparseDataDist,
+    TableConfig,
+    input_dist,
+)
 from freescale.jagged import JaggedTensor
 from tests.embedding._train import make_collection, run_steps, snapshot
 
 
 def _train(comm, optimizer: str, checked: bool) -> dict:
-    coll = make_collection(comm, optimizer, {"block_size": 3})
-    coll.host_checked_inputs = checked
+    coll = make_collection(comm, optimizer, {"block_size": 3}, inputs_checked=checked)
     losses = run_steps(coll, comm, range(4))
     return {"losses": losses, "tables": snapshot(coll)}
 
@@ -52,8 +57,7 @@ def _preflights(comm, checked: bool, monkeypatch) -> int:
         return real(*args, **kwargs)
 
     monkeypatch.setattr(input_dist, "start_preflight", counted)
-    coll = make_collection(comm, "sgd", {})
-    coll.host_checked_inputs = checked
+    coll = make_collection(comm, "sgd", {}, inputs_checked=checked)
     run_steps(coll, comm, range(2))
     return calls[threading.get_ident()]
 
@@ -65,8 +69,8 @@ def test_one_rank_with_checked_inputs_exchanges_nothing(monkeypatch):
 
 
 def _still_caught(comm) -> list[str]:
-    coll = ShardedEmbeddingCollection([TableConfig("t", 10, 4, feature_names=("x",))], comm)
-    coll.host_checked_inputs = True
+    table = TableConfig("t", 10, 4, feature_names=("x",))
+    coll = ShardedEmbeddingCollection([table], comm, inputs_checked=True)
     messages = []
     cases = [
         ({"x": JaggedTensor(torch.tensor([3, 12]), torch.tensor([0, 2]))}, True),  # evaluation
@@ -95,9 +99,8 @@ def test_what_the_host_did_not_check_is_still_caught(world_size):
 
 
 def _waits_after_prefetch(comm, checked: bool, prioritized: bool) -> list[bool]:
-    coll = make_collection(comm, "sgd", {})
-    coll.host_checked_inputs = checked
-    coll.set_prioritized(prioritized)
+    mode = Prioritized() if prioritized else SparseDataDist()
+    coll = make_collection(comm, "sgd", {}, mode=mode, inputs_checked=checked)
     features = {"uih": JaggedTensor(torch.tensor([1, 2]), torch.tensor([0, 2]))}
     before = coll.prefetch_waits_for_gpu()
     coll.prefetch(features)

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from freescale.comm import TorchCommunicator
+from freescale.embedding import Prioritized, SparseDataDist
 from freescale.jagged import JaggedTensor
 from freescale.testing import run_ranks
 from tests.embedding._train import make_collection, snapshot, targets
@@ -32,8 +33,8 @@ POISONS = ("loss", "gradient")
 def _train(comm, opt: str, prioritized: bool, steps: list[int], poison: str | None) -> dict:
     bad_rank = min(BAD_RANK, comm.world_size - 1)
     batches = designed_batches(0.5, steps=STEPS)
-    coll = make_collection(comm, opt, PLANS[comm.world_size])
-    coll.set_prioritized(prioritized)
+    mode = Prioritized() if prioritized else SparseDataDist()
+    coll = make_collection(comm, opt, PLANS[comm.world_size], mode=mode)
     guard = coll.guard_nonfinite()
     tgt = {name: t.to(comm.device) for name, t in targets().items()}
     local = {s: to_device(local_batch(batches[s], s, comm.rank, comm.world_size), comm.device)

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from freescale.comm import TorchCommunicator, run_threads
+from freescale.embedding import Prioritized, SparseDataDist, Sync
 from freescale.jagged import JaggedTensor
 from freescale.testing import run_ranks
 from tests.embedding._train import (
@@ -187,8 +188,8 @@ def parity_runs(comm, world_size: int) -> bytes:
         for opt in OPTIMIZERS:
             runs = {}
             for prioritized in (False, True):
-                coll = make_collection(comm, opt, PLANS[world_size])
-                coll.set_prioritized(prioritized)
+                mode = Prioritized() if prioritized else Sync()
+                coll = make_collection(comm, opt, PLANS[world_size], mode=mode)
                 runs[prioritized] = train(coll, comm, batches, prioritized)
             results[(rate, opt)] = runs
     return pack(results)
@@ -252,7 +253,7 @@ def test_prioritized_is_bit_identical_to_sync(world_size):
         assert abs(c / rn - rate) <= rows_off / rn
 
 
-# ---- checkpoint with a non-empty stash, mode switches --------------------------
+# ---- checkpoint with a non-empty stash, every mode ----------------------------------
 def _run(coll, comm, local, steps, tgt, prefetch: bool = True) -> list[float]:
     """Prefetch step i+1 before step i's forward (if it exists and ``prefetch``)."""
     losses = []
@@ -272,9 +273,7 @@ def _checkpoint_rank() -> bytes:
     local = [local_batch(b, s, comm.rank, comm.world_size) for s, b in enumerate(batches)]
 
     def fresh(seed: int = 0):
-        coll = make_collection(comm, "adam", plan, seed=seed)
-        coll.set_prioritized(True)
-        return coll
+        return make_collection(comm, "adam", plan, seed=seed, mode=Prioritized())
 
     uninterrupted = fresh()
     uninterrupted.prefetch(local[0][0])
@@ -283,7 +282,7 @@ def _checkpoint_rank() -> bytes:
     first = fresh()
     first.prefetch(local[0][0])
     losses = _run(first, comm, local, range(5), tgt)
-    stashed = sum(d.slots.numel() for d in first._prio.stash)
+    stashed = sum(d.slots.numel() for d in first.mode.schedule.stash)
     first.flush()
     state = {k: v.clone() for k, v in first.state_dict().items()}
     resumed = fresh(seed=7)
@@ -292,32 +291,31 @@ def _checkpoint_rank() -> bytes:
     resumed.prefetch(local[5][0])
     resumed_losses = losses + _run(resumed, comm, local, range(5, 10), tgt)
     continued_losses = losses + _run(first, comm, local, range(5, 10), tgt)  # after the flush
-    # Sync -> prioritized -> sync: switching off with a step prefetched drains it.
-    switched = make_collection(comm, "adam", plan)
-    switched_losses = _run(switched, comm, local, range(3), tgt, prefetch=False)
-    switched.set_prioritized(True)
-    switched.prefetch(local[3][0])
-    switched_losses += _run(switched, comm, local, range(3, 7), tgt)
-    switched.set_prioritized(False)
-    switched_losses += _run(switched, comm, local, range(7, 10), tgt, prefetch=False)
+    # The same run in sync mode (no prefetch) and with sdd's prefetch.
+    sync = make_collection(comm, "adam", plan)
+    sync_losses = _run(sync, comm, local, range(10), tgt, prefetch=False)
+    sdd = make_collection(comm, "adam", plan, mode=SparseDataDist())
+    sdd.prefetch(local[0][0])
+    sdd_losses = _run(sdd, comm, local, range(10), tgt)
     runs = {
         name: {"losses": ls, "tables": snapshot(c)}
         for name, ls, c in (
             ("uninterrupted", expected, uninterrupted),
             ("resumed", resumed_losses, resumed),
             ("continued", continued_losses, first),
-            ("switched", switched_losses, switched),
+            ("sync", sync_losses, sync),
+            ("sdd", sdd_losses, sdd),
         )
     }
     return pack({"runs": runs, "stashed": stashed})
 
 
-def test_checkpoint_with_a_stash_and_mode_switches_are_bit_identical():
+def test_checkpoint_with_a_stash_and_every_mode_are_bit_identical():
     per_rank = [unpack(r) for r in run_ranks(_checkpoint_rank, 2, timeout=120)]
     assert sum(r["stashed"] for r in per_rank) > 0  # the checkpoint had a deferred update
     for r in per_rank:
         want = r["runs"]["uninterrupted"]
-        for name in ("resumed", "continued", "switched"):
+        for name in ("resumed", "continued", "sync", "sdd"):
             got = r["runs"][name]
             assert got["losses"] == want["losses"], name
             for table, t in want["tables"].items():
@@ -329,8 +327,7 @@ def test_checkpoint_with_a_stash_and_mode_switches_are_bit_identical():
 
 # ---- misuse fails loudly ---------------------------------------------------------
 def _misuse(comm) -> list[str]:
-    coll = make_collection(comm, "sgd", {})
-    coll.set_prioritized(True)
+    coll = make_collection(comm, "sgd", {}, mode=Prioritized())
     local = [
         local_batch(b, s, comm.rank, comm.world_size)
         for s, b in enumerate(designed_batches(0.5, 3))

@@ -45,7 +45,7 @@ def _schedule_and_collisions(overrides: list[str]) -> tuple[str, str, float]:
     trainer = Trainer(build_config("demo", [*overrides, "progress=false"]))
     trainer.run()
     collisions = [s["collision_rows_pct"] for s in trainer.summary.steps]
-    return trainer.schedule_name, type(trainer.schedule).__name__, max(collisions)
+    return trainer.schedule_name, type(trainer.embeddings.mode).__name__, max(collisions)
 
 
 def test_freescale_at_one_rank_runs_sdds_schedule_unless_asked():

@@ -16,11 +16,11 @@ from torch import nn
 
 from freescale.comm import TorchCommunicator
 from freescale.embedding import ShardingPlan, swap
-from freescale.embedding.fused_optimizer import from_fused_params, set_gradient_division
 from freescale.testing import run_ranks
 from freescale.testing.tolerance import SAFETY, eps_of, reduction_tol
-from tests.embedding._torchrec import row_wise_dmp
+from freescale.torchrec.fused_optimizer import from_fused_params, set_gradient_division
 from tests.embedding._train import pack, unpack
+from tests.torchrec._torchrec import row_wise_dmp
 
 STEPS, BATCH = 20, 3
 pytest.importorskip("torchrec")

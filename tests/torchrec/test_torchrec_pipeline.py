@@ -38,7 +38,7 @@ def _pipeline_rank() -> bytes:
     from freescale.balance import BalancerConfig
     from freescale.comm import TorchCommunicator
     from freescale.embedding import SGD, ShardingPlan, swap
-    from freescale.embedding.torchrec_pipeline import balance_stage
+    from freescale.torchrec.pipeline import balance_stage
 
     rank = dist.get_rank()
     comm = TorchCommunicator()
@@ -128,7 +128,7 @@ def mixed_dmp(comm):
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
     from freescale.embedding import SGD, ShardingPlan, swap
-    from tests.embedding._torchrec import row_wise_dmp
+    from tests.torchrec._torchrec import row_wise_dmp
 
     model = _Mixed()
     coll = swap(model, ShardingPlan(optimizer=SGD(lr=0.1), modules=("seq",)), comm)
@@ -143,7 +143,7 @@ def _sparse_dist_rank() -> bytes:
 
     from freescale.balance import BalancerConfig
     from freescale.comm import TorchCommunicator
-    from freescale.embedding.torchrec_pipeline import balanced_batches
+    from freescale.torchrec.pipeline import balanced_batches
 
     comm = TorchCommunicator()
     dmp, coll, optimizer = mixed_dmp(comm)
@@ -167,7 +167,7 @@ def _sparse_dist_rank() -> bytes:
 
 
 def kjt_batches(rank: int):
-    from freescale.embedding.torchrec_pipeline import KJTBatch
+    from freescale.torchrec.pipeline import KJTBatch
 
     first = 0
     for step, sizes in enumerate(SIZES):

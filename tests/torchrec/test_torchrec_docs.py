@@ -8,7 +8,7 @@ import torch
 
 from freescale.testing import run_ranks
 from tests.embedding._train import pack, unpack
-from tests.embedding.test_torchrec_pipeline import SIZES, kjt_batches, mixed_dmp
+from tests.torchrec.test_torchrec_pipeline import SIZES, kjt_batches, mixed_dmp
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "torchrec.md"
 pytest.importorskip("torchrec")

@@ -12,12 +12,12 @@ from freescale.embedding import (
     ShardingPlan,
     TableConfig,
 )
-from freescale.embedding.fused_optimizer import (
+from freescale.jagged import JaggedTensor
+from freescale.torchrec.fused_optimizer import (
     FusedOptimizer,
     from_fused_params,
     set_gradient_division,
 )
-from freescale.jagged import JaggedTensor
 
 STEPS = 4
 

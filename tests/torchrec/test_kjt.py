@@ -4,9 +4,15 @@ import pytest
 import torch
 
 from freescale.comm import run_threads
-from freescale.embedding import SGD, ShardedEmbeddingCollection, ShardingPlan, TableConfig
-from freescale.embedding.kjt import features_to_kjt, is_kjt, kjt_to_features
+from freescale.embedding import (
+    SGD,
+    ShardedEmbeddingCollection,
+    ShardingPlan,
+    SparseDataDist,
+    TableConfig,
+)
 from freescale.jagged import JaggedTensor
+from freescale.jagged.interop import features_to_kjt, is_kjt, kjt_to_features
 
 torchrec = pytest.importorskip("torchrec")
 KJT = torchrec.KeyedJaggedTensor
@@ -106,7 +112,8 @@ def _collection_rank(comm, kjt):
         TableConfig("t1", 10, 3, feature_names=("f1", "f2")),
         TableConfig("t2", 5, 3, feature_names=("f3",)),
     ]
-    coll = ShardedEmbeddingCollection(tables, comm, ShardingPlan(optimizer=SGD(lr=0.0)), seed=1)
+    plan = ShardingPlan(optimizer=SGD(lr=0.0))
+    coll = ShardedEmbeddingCollection(tables, comm, plan, seed=1, mode=SparseDataDist())
     via_kjt = coll(kjt)
     via_dict = coll(kjt_to_features(kjt))
     coll.prefetch(kjt)  # the sdd path takes a KJT too
