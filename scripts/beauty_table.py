@@ -133,6 +133,16 @@ def run(name: str, argv: list[str], logs: Path, reuse: bool) -> tuple[dict, floa
     return found, wall
 
 
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def git_commit() -> str:
     out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True)
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
@@ -149,6 +159,7 @@ def main() -> None:
     ap.add_argument("--reuse", action="store_true", help="take summaries from matching logs")
     args = ap.parse_args()
     args.logs.mkdir(parents=True, exist_ok=True)
+    commit = git_commit()  # the code the runs use (taken before they start)
     data = args.data.resolve()
     parquet = args.logs / "beauty-categories.parquet"
     only = args.only.split(",")
@@ -172,18 +183,18 @@ def main() -> None:
         elif ev["popularity_test"] != popularity or ev["data"] != counts:
             sys.exit(f"{name}: not the same split or negatives: {ev['popularity_test']} "
                      f"!= {popularity}")  # fmt: skip
-    report(args.out, rows, popularity, counts, commands, data)
+    report(args.out, rows, popularity, counts, commands, data, commit)
 
 
-def report(out: Path, rows, popularity, counts, commands, data: Path) -> None:
+def report(out: Path, rows, popularity, counts, commands, data: Path, commit: str) -> None:
     import torch
 
     head = {
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": f"{platform.node()} ({platform.processor() or platform.machine()}, "
-        f"{os.cpu_count()} CPUs; CPU run, 2 gloo ranks)",
+        "machine": f"{cpu_model()}, {os.cpu_count()} CPUs visible, shared with other jobs "
+        "(CPU run, 2 gloo ranks)",
         "torch": torch.__version__,
-        "commit": git_commit(),
+        "commit": commit,
         "data": str(data),
     }
     beats = {
