@@ -26,8 +26,8 @@ or from a file with a category column (docs/train-on-your-data.md): write
 one from a SASRec file, then read the column as features at both levels::
 
     python -m examples.categories beauty.txt /tmp/beauty.parquet 64
-    freescale train --set model=examples.categories:build --set model.category=categories \
-        --set data=parquet:/tmp/beauty.parquet \
+    freescale train --set model=examples.categories:build --set model.category=categories \\
+        --set data=parquet:/tmp/beauty.parquet \\
         --set data.features=categories:uih,categories:candidates
 
 The file's categories are a hash of the item id (``category_of``), not a
