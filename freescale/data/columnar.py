@@ -6,24 +6,78 @@ One row per user, list columns:
   ``timestamps`` is given (then rows are sorted by it, stably);
 - ``actions`` (optional): non-negative integers below ``MAX_ACTIONS``;
 - ``timestamps`` (optional): integers;
+- the columns named by ``features`` (the data option
+  ``data.features=NAME:LEVEL[:ROWS],...``): the data's own id features,
+  one value per event (as long as ``items`` in every row), non-negative
+  integers below ROWS (when not given: the column's largest value + 1).
+  Level ``uih``: the feature of each history event, a named feature of the
+  batch's ``uih`` beside the item ids. Level ``candidates``: an attribute of
+  the *item* (its category, its seller), so it is known for every candidate,
+  the sampled negatives too; every event of an item must then carry the same
+  value. One column may be named at both levels (``category:uih,category:candidates``);
 - any other column (a user id, say) is ignored.
 
 Parquet files hold real list columns; in a CSV file each list is one field
 of space-separated integers (``"12 7 33"``). Ids follow the rules of the
 text readers: non-negative integers, remapped in order of first appearance.
+Feature values are not remapped: they index the feature's table as written.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from freescale.data.readers import DataFormatError, SequenceDataset, _dataset, _Vocab, check_file
+from freescale.data.readers import (
+    DataFormatError,
+    SequenceDataset,
+    UserHistory,
+    _Vocab,
+    check_file,
+)
+from freescale.jagged.schema import DataSchema, Feature
 
 LIST_COLUMNS = ("items", "actions", "timestamps")
 MAX_ACTIONS = 1024  # an action table larger than this is almost surely a wrong column
+FEATURE_LEVELS = ("uih", "candidates")
+FEATURES_HELP = "data.features=NAME:LEVEL[:ROWS],... (LEVEL: uih or candidates)"
+
+
+def parse_features(spec: str | Sequence[str] | None) -> tuple[tuple[str, str, int | None], ...]:
+    """``"NAME:LEVEL[:ROWS],..."`` (or a list of ``NAME:LEVEL[:ROWS]``) ->
+    ``(name, level, rows)`` triples; one-line ValueError for a malformed one."""
+    if spec is None or spec == "":
+        return ()
+    if isinstance(spec, str):
+        parts = spec.split(",")
+    elif isinstance(spec, list | tuple) and all(isinstance(p, str) for p in spec):
+        parts = list(spec)
+    else:
+        raise ValueError(f"{FEATURES_HELP}; got {spec!r}")
+    out: list[tuple[str, str, int | None]] = []
+    standard = {f.key for f in DataSchema.standard(1, 1).features}
+    for part in parts:
+        fields = part.strip().split(":")
+        name, level = fields[0].strip(), fields[1].strip() if len(fields) > 1 else ""
+        rows_text = fields[2].strip() if len(fields) == 3 else None
+        if not name or level not in FEATURE_LEVELS or len(fields) > 3:
+            raise ValueError(f"{FEATURES_HELP}; got {part.strip()!r}")
+        rows = None
+        if rows_text is not None:
+            if not (rows_text.isascii() and rows_text.isdigit()) or int(rows_text) < 1:
+                raise ValueError(f"data.features {part.strip()!r}: ROWS must be an integer >= 1")
+            rows = int(rows_text)
+        if name in LIST_COLUMNS or Feature(name, level).key in standard:
+            raise ValueError(f"data.features: {name!r} is a standard column, not an extra feature")
+        if any(n == name and lv == level for n, lv, _ in out):
+            raise ValueError(f"data.features names {name}:{level} twice")
+        if any(n == name and r != rows for n, _, r in out):
+            raise ValueError(f"data.features: column {name!r} is given two different ROWS")
+        out.append((name, level, rows))
+    return tuple(out)
 
 
 def _pyarrow() -> Any:
@@ -38,50 +92,139 @@ def _pyarrow() -> Any:
     return pyarrow
 
 
-def read_columns(path: str | Path, fmt: str | None = None) -> SequenceDataset:
+def read_columns(
+    path: str | Path, fmt: str | None = None, features: str | Sequence[str] | None = None
+) -> SequenceDataset:
     """A Parquet file, or a CSV file with space-separated lists (``fmt``
-    ``"parquet"`` or ``"csv"``; by default the file's suffix decides)."""
+    ``"parquet"`` or ``"csv"``; by default the file's suffix decides);
+    ``features``: the extra columns to carry (`parse_features`)."""
+    wanted = parse_features(features)
     path = check_file(path)
     pa = _pyarrow()
     csv_file = (fmt or path.suffix.lower().lstrip(".")) == "csv"
+    extra = list(dict.fromkeys(name for name, _, _ in wanted))  # columns, in order, once
     try:
         if csv_file:
             table = pa.csv.read_csv(
                 path,
                 convert_options=pa.csv.ConvertOptions(
-                    column_types={c: pa.string() for c in LIST_COLUMNS}
+                    column_types={c: pa.string() for c in (*LIST_COLUMNS, *extra)}
                 ),
             )
         else:
             table = pa.parquet.read_table(path)
     except (pa.ArrowException, OSError) as e:
         raise DataFormatError(path, None, str(e).splitlines()[0]) from None
-    if "items" not in table.column_names:
-        raise DataFormatError(path, None, f"no 'items' column (columns: {table.column_names})")
-    columns = {c: table.column(c).to_pylist() for c in LIST_COLUMNS if c in table.column_names}
-    vocab, users = _Vocab(), {}
+    for c in ("items", *extra):
+        if c not in table.column_names:
+            raise DataFormatError(path, None, f"no {c!r} column (columns: {table.column_names})")
+    read = [c for c in LIST_COLUMNS if c in table.column_names] + extra
+    columns = {c: table.column(c).to_pylist() for c in read}
+    vocab, users = _Vocab(), []
     first_row = 2 if csv_file else 1  # a CSV's row 1 is its header: rows are line numbers
     for r in range(table.num_rows):
         where = f"row {r + first_row}"
         lists = {c: _as_ints(path, where, c, v[r], csv_file) for c, v in columns.items()}
-        items = lists["items"]
-        n = len(items)
-        for c, values in lists.items():
-            if len(values) != n:
-                raise DataFormatError(path, where, f"{c} has {len(values)} values, items has {n}")
-        actions = lists.get("actions", [0] * n)
-        bad = [a for a in actions if not 0 <= a < MAX_ACTIONS]
-        if bad:
-            raise DataFormatError(path, where, f"action {bad[0]} is outside 0..{MAX_ACTIONS - 1}")
-        for name, values in (("item", items), ("timestamp", lists.get("timestamps", []))):
-            if any(v < 0 for v in values):
-                raise DataFormatError(path, where, f"negative {name} {min(values)}")
-        stamps = lists.get("timestamps", range(n))
-        events = [(vocab(i), a, t) for i, a, t in zip(items, actions, stamps, strict=True)]
-        if "timestamps" in lists:
-            events.sort(key=lambda e: e[2])
-        users[r] = events
-    return _dataset(users, len(vocab.index), path.name)
+        users.append(_history(path, where, lists, vocab, extra))
+    dataset = SequenceDataset(
+        users,
+        len(vocab.index),
+        1 + max((int(h.actions.max(initial=0)) for h in users), default=0),
+        path.name,
+    )
+    if wanted:
+        _add_features(path, dataset, wanted, list(vocab.index), first_row)
+    return dataset
+
+
+def _history(
+    path: Path, where: str, lists: dict[str, list[int]], vocab: _Vocab, extra: list[str]
+) -> UserHistory:
+    """One row: its columns checked, as one user's history in time order."""
+    items = lists["items"]
+    n = len(items)
+    for c, values in lists.items():
+        if len(values) != n:
+            raise DataFormatError(path, where, f"{c} has {len(values)} values, items has {n}")
+    actions = lists.get("actions", [0] * n)
+    bad = [a for a in actions if not 0 <= a < MAX_ACTIONS]
+    if bad:
+        raise DataFormatError(path, where, f"action {bad[0]} is outside 0..{MAX_ACTIONS - 1}")
+    for name, values in (("item", items), ("timestamp", lists.get("timestamps", []))):
+        if any(v < 0 for v in values):
+            raise DataFormatError(path, where, f"negative {name} {min(values)}")
+    for c in extra:
+        if any(v < 0 for v in lists[c]):
+            raise DataFormatError(path, where, f"{c} value {min(lists[c])} is negative")
+    ids = np.fromiter((vocab(i) for i in items), np.int64, n)
+    stamps = np.asarray(lists.get("timestamps", range(n)), dtype=np.int64).reshape(n)
+    order = np.argsort(stamps, kind="stable") if "timestamps" in lists else np.arange(n)
+    return UserHistory(
+        ids[order],
+        np.asarray(actions, dtype=np.int64).reshape(n)[order],
+        stamps[order],
+        {c: np.asarray(lists[c], dtype=np.int64).reshape(n)[order] for c in extra},
+    )
+
+
+def _add_features(
+    path: Path,
+    dataset: SequenceDataset,
+    wanted: tuple[tuple[str, str, int | None], ...],
+    raw_ids: list[int],
+    first_row: int,
+) -> None:
+    """Size, check and attach the extra features (``uih``: per event, already
+    on the histories; ``candidates``: one value per item)."""
+    lengths = np.array([h.items.size for h in dataset.users], dtype=np.int64)
+    row_of = np.repeat(np.arange(lengths.size), lengths) + first_row  # per event, in row order
+    items = np.concatenate([h.items for h in dataset.users] or [np.zeros(0, np.int64)])
+    out = []
+    for name, level, rows in wanted:
+        values = np.concatenate(
+            [h.features[name] for h in dataset.users] or [np.zeros(0, np.int64)]
+        )
+        if rows is None:
+            rows = int(values.max(initial=0)) + 1
+        over = np.flatnonzero(values >= rows)
+        if over.size:
+            k = over[0]
+            raise DataFormatError(
+                path,
+                f"row {row_of[k]}",
+                f"{name} value {values[k]} is outside 0..{rows - 1} (data.features {name}:{rows})",
+            )
+        out.append(Feature(name, level, rows))
+        if level == "candidates":
+            dataset.item_features[name] = _per_item(path, name, items, values, row_of, raw_ids)
+    for h in dataset.users:  # only the uih-level columns stay on the histories
+        h.features = {n: h.features[n] for n, lv, _ in wanted if lv == "uih"}
+    dataset.features = tuple(out)
+
+
+def _per_item(
+    path: Path,
+    name: str,
+    items: np.ndarray,
+    values: np.ndarray,
+    row_of: np.ndarray,
+    raw_ids: list[int],
+) -> np.ndarray:
+    """``table[item]``: the value every event of ``item`` carries (one per item)."""
+    table = np.zeros(len(raw_ids), dtype=np.int64)
+    seen, first = np.unique(items, return_index=True)
+    table[seen] = values[first]
+    differ = np.flatnonzero(table[items] != values)
+    if differ.size:
+        k, item = differ[0], items[differ[0]]
+        was = first[np.searchsorted(seen, item)]
+        raise DataFormatError(
+            path,
+            f"row {row_of[k]}",
+            f"{name} {values[k]} for item {raw_ids[item]}, which has {name} {values[was]} in "
+            f"row {row_of[was]} (a candidates-level feature is one value per item)",
+        )
+    return table
 
 
 def _as_ints(path: Path, where: str, column: str, value: Any, from_text: bool) -> list[int]:

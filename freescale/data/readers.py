@@ -13,10 +13,12 @@ from __future__ import annotations
 import csv
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from freescale.jagged.schema import Feature
 
 # MovieLens ratings: 0.5 to 5 stars in half-star steps (ml-latest); ml-1m/10m use
 # whole stars. The action is the rating in half stars, 1..10, so no rating is lost.
@@ -36,14 +38,23 @@ class UserHistory:
     items: np.ndarray  # int64, remapped item ids, chronological
     actions: np.ndarray  # int64 (MovieLens: rating in half stars 1..10; SASRec: 0)
     timestamps: np.ndarray  # int64 (SASRec: position in the file)
+    # the data's own uih-level features: one int64 value per event, aligned with items
+    features: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 @dataclass
 class SequenceDataset:
+    """Histories plus, optionally, extra features (`freescale.data.columnar`):
+    ``features`` declares them (``uih`` level: ``UserHistory.features``;
+    ``candidates`` level: an attribute of the item, ``item_features[name]``
+    holds its value for every item id)."""
+
     users: list[UserHistory]
     num_items: int
     num_actions: int
     name: str
+    features: tuple[Feature, ...] = ()
+    item_features: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 class _Vocab:

@@ -23,10 +23,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from freescale.data.readers import SequenceDataset
+from freescale.data.readers import SequenceDataset, UserHistory
 from freescale.data.stream import SampleStream
 from freescale.data.synthetic import RawSample, samples_to_batch
 from freescale.jagged.batch import SampleBatch
+from freescale.jagged.schema import DataSchema
 
 SPLITS = ("valid", "test")
 EVAL_SEED = 0x5A5  # evaluation negatives: the same for every run, whatever its seed
@@ -80,6 +81,8 @@ class SequenceSource(SampleStream):
         self.sampling = s = sampling or SequenceSampling()
         self.num_items = dataset.num_items
         self.num_actions = dataset.num_actions
+        # the standard features plus the dataset's own (`freescale.data.columnar`)
+        self.schema = DataSchema.standard(self.num_items, self.num_actions, dataset.features)
         index = []
         self.eval_users: list[int] = []
         self.users_dropped = 0  # too short for any training or evaluation sample
@@ -141,7 +144,7 @@ class SequenceSource(SampleStream):
         order = rng.permutation(pos.size + neg.size)
         cand = np.concatenate([pos, neg])[order]
         labels = np.concatenate([np.ones(pos.size), np.zeros(neg.size)])[order]
-        return _raw(h, lo, t, cand, labels)
+        return self._raw(h, lo, t, cand, labels)
 
     def batch(self, step: int, rank: int, world_size: int, batch_size: int) -> SampleBatch:
         first = self.first_position(step, rank, world_size, batch_size)
@@ -151,9 +154,8 @@ class SequenceSource(SampleStream):
                 f"({len(self)} training samples)"
             )
         ids = torch.arange(first, first + batch_size, dtype=torch.int64)
-        return samples_to_batch(
-            [self.raw_sample(p) for p in range(first, first + batch_size)], ids, 0
-        )
+        samples = [self.raw_sample(p) for p in range(first, first + batch_size)]
+        return samples_to_batch(samples, ids, 0, self.dataset.features)
 
     # ---- evaluation --------------------------------------------------------
     def eval_steps(self, world_size: int, batch_size: int) -> int:
@@ -175,7 +177,7 @@ class SequenceSource(SampleStream):
         cand = np.concatenate([h.items[t : t + 1], neg])
         labels = np.zeros(cand.size)
         labels[0] = 1.0
-        return _raw(h, lo, t, cand, labels)
+        return self._raw(h, lo, t, cand, labels)
 
     def eval_batch(
         self, split: str, step: int, rank: int, world_size: int, batch_size: int
@@ -186,7 +188,8 @@ class SequenceSource(SampleStream):
         first = (step * world_size + rank) * batch_size
         last = min(first + batch_size, len(self.eval_users))
         ids = torch.arange(first, max(first, last), dtype=torch.int64)
-        return samples_to_batch([self.eval_sample(split, j) for j in ids.tolist()], ids, 0)
+        samples = [self.eval_sample(split, j) for j in ids.tolist()]
+        return samples_to_batch(samples, ids, 0, self.dataset.features)
 
     def popularity(self) -> np.ndarray:
         """Interactions per item over the training part of every history."""
@@ -194,6 +197,25 @@ class SequenceSource(SampleStream):
         for h in self.dataset.users:
             np.add.at(counts, h.items[: max(h.items.size - self.sampling.holdout, 0)], 1)
         return counts
+
+    def _raw(
+        self, h: UserHistory, lo: int, t: int, cand: np.ndarray, labels: np.ndarray
+    ) -> RawSample:
+        """The sample of history ``h``: UIH = events ``[lo, t)``, every per-event
+        feature sliced with the items; a candidate's features are its item's."""
+        cand = cand.astype(np.int64)
+        return RawSample(
+            uih_ids=h.items[lo:t],
+            actions=h.actions[lo:t],
+            timestamps=h.timestamps[lo:t],
+            cand_ids=cand,
+            labels=labels.astype(np.float32),
+            content_lengths=np.zeros(cand.size, dtype=np.int64),
+            content_ids=np.zeros(0, dtype=np.int64),
+            dense=np.zeros(0, dtype=np.float32),
+            uih_features={name: values[lo:t] for name, values in h.features.items()},
+            cand_features={name: table[cand] for name, table in self.dataset.item_features.items()},
+        )
 
 
 def eval_negatives(
@@ -211,16 +233,3 @@ def eval_negatives(
         _, first = np.unique(both, return_index=True)
         picked = both[np.sort(first)]
     return picked[:count]
-
-
-def _raw(h, lo: int, t: int, cand: np.ndarray, labels: np.ndarray) -> RawSample:
-    return RawSample(
-        uih_ids=h.items[lo:t],
-        actions=h.actions[lo:t],
-        timestamps=h.timestamps[lo:t],
-        cand_ids=cand.astype(np.int64),
-        labels=labels.astype(np.float32),
-        content_lengths=np.zeros(cand.size, dtype=np.int64),
-        content_ids=np.zeros(0, dtype=np.int64),
-        dense=np.zeros(0, dtype=np.float32),
-    )

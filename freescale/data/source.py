@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import partial
-from typing import Protocol
+from typing import Any, Protocol
 
 from freescale.data.columnar import read_columns
 from freescale.data.readers import read_movielens, read_sasrec
@@ -20,6 +21,8 @@ READERS = {
 }
 FILE_SPECS = ", ".join(f"'{k}:PATH'" for k in READERS)
 BUILTIN_KINDS = ("synthetic", *READERS)
+# The ``data.KEY=VALUE`` options each built-in source takes (docs/train-on-your-data.md).
+OPTIONS: dict[str, tuple[str, ...]] = {"parquet": ("features",), "csv": ("features",)}
 
 
 class DataSource(Protocol):
@@ -45,15 +48,25 @@ def open_source(
     spec: str,
     synthetic: SyntheticConfig | None = None,
     sampling: SequenceSampling | None = None,
+    options: Mapping[str, Any] | None = None,
 ) -> DataSource:
     """``synthetic`` | ``sasrec:PATH`` | ``movielens:PATH`` (ratings.dat or .csv) |
-    ``parquet:PATH`` | ``csv:PATH`` (one row per user with list columns; needs pyarrow)."""
+    ``parquet:PATH`` | ``csv:PATH`` (one row per user with list columns; needs pyarrow).
+
+    ``options``: the source's ``data.KEY=VALUE`` options (`OPTIONS`; Parquet
+    and CSV take ``features``, `freescale.data.columnar`); any other is an error."""
     kind, _, path = spec.partition(":")
-    if kind == "synthetic" and not path:
+    if not ((kind == "synthetic" and not path) or (kind in READERS and path)):
+        raise ValueError(f"unknown data source {spec!r}: use 'synthetic' or one of {FILE_SPECS}")
+    options = dict(options or {})
+    known = OPTIONS.get(kind, ())
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        takes = ", ".join(f"data.{k}" for k in known) if known else "no data.* options"
+        raise ValueError(f"data={spec!r} takes {takes}; got data.{unknown[0]}")
+    if kind == "synthetic":
         return SyntheticSource(synthetic)
-    if kind in READERS and path:
-        return SequenceSource(READERS[kind](path), sampling)
-    raise ValueError(f"unknown data source {spec!r}: use 'synthetic' or one of {FILE_SPECS}")
+    return SequenceSource(READERS[kind](path, **options), sampling)
 
 
 def schema_of(source: DataSource) -> DataSchema:

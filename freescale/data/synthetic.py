@@ -10,6 +10,7 @@ elsewhere in the stream: `freescale.data.stream`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,6 +27,7 @@ from freescale.jagged.batch import (
     SampleBatch,
 )
 from freescale.jagged.ops import lengths_to_offsets
+from freescale.jagged.schema import Feature
 from freescale.jagged.tensor import JaggedFeatures
 
 
@@ -81,6 +83,10 @@ class RawSample:
     content_lengths: np.ndarray
     content_ids: np.ndarray
     dense: np.ndarray
+    # the data's own features (`freescale.jagged.schema`): per history event
+    # (aligned with ``uih_ids``) and per candidate (aligned with ``cand_ids``)
+    uih_features: dict[str, np.ndarray] = field(default_factory=dict)
+    cand_features: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 class GroundTruth:
@@ -188,9 +194,14 @@ class SyntheticSource(SampleStream):
 
 
 def samples_to_batch(
-    samples: list[RawSample], sample_id: torch.Tensor, dense_dim: int
+    samples: list[RawSample],
+    sample_id: torch.Tensor,
+    dense_dim: int,
+    extra: Sequence[Feature] = (),
 ) -> SampleBatch:
-    """Stack host samples into one `SampleBatch` (int64 ids, float32 labels)."""
+    """Stack host samples into one `SampleBatch` (int64 ids, float32 labels);
+    ``extra``: the uih- and candidates-level features the samples carry
+    (present, empty, in a batch of no samples too)."""
 
     def cat(arrays: list[np.ndarray], dtype: torch.dtype) -> torch.Tensor:
         if not arrays:
@@ -207,11 +218,23 @@ def samples_to_batch(
             UIH_IDS: cat([s.uih_ids for s in samples], i64),
             UIH_ACTIONS: cat([s.actions for s in samples], i64),
             UIH_TIMESTAMPS: cat([s.timestamps for s in samples], i64),
+            **{
+                f.name: cat([s.uih_features[f.name] for s in samples], i64)
+                for f in extra
+                if f.level == "uih"
+            },
         },
     )
     candidates = JaggedFeatures(
         offsets([s.cand_ids.size for s in samples]),
-        {CAND_IDS: cat([s.cand_ids for s in samples], i64)},
+        {
+            CAND_IDS: cat([s.cand_ids for s in samples], i64),
+            **{
+                f.name: cat([s.cand_features[f.name] for s in samples], i64)
+                for f in extra
+                if f.level == "candidates"
+            },
+        },
     )
     content = JaggedFeatures(
         offsets(np.concatenate([s.content_lengths for s in samples]) if samples else []),

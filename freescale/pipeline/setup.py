@@ -54,8 +54,6 @@ def make_source(cfg: TrainConfig) -> DataSource:
         if not callable(getattr(source, "batch", None)):
             raise ValueError(f"data={cfg.data!r} returned {type(source).__name__}, no DataSource")
         return source
-    if cfg.data_options:
-        raise ValueError(f"data.* options go to a data factory; data={cfg.data!r} takes none")
     synthetic = SyntheticConfig(
         num_items=cfg.num_items,
         zipf_alpha=cfg.zipf_alpha,
@@ -76,7 +74,7 @@ def make_source(cfg: TrainConfig) -> DataSource:
         eval_negatives=cfg.eval_negatives,
         seed=cfg.seed,
     )
-    return open_source(cfg.data, synthetic, sampling)
+    return open_source(cfg.data, synthetic, sampling, cfg.data_options)
 
 
 def check_data(cfg: TrainConfig, world_size: int, source: DataSource | None = None) -> DataSource:

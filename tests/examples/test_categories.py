@@ -7,20 +7,29 @@ sequence load balancer; the Python API and the CLI train it; a bad id in one
 of its features is one line on every rank.
 """
 
+import importlib.util
 import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
 import freescale
-from examples.categories import CATEGORY, WithCategories, build, data
+from examples.categories import CATEGORY, WithCategories, build, category_of, data, write_parquet
+from freescale.data import open_source
+from freescale.data.source import schema_of
 from freescale.pipeline.config import build_config
+from freescale.pipeline.setup import check_data
 from freescale.pipeline.train import Trainer
 from freescale.testing import run_ranks
 
 TABLES = ("items", "categories")
+FEATURES = "categories:uih,categories:candidates"
+needs_pyarrow = pytest.mark.skipif(
+    importlib.util.find_spec("pyarrow") is None, reason="needs pyarrow (the data extra)"
+)
 
 
 def _run(overrides: list[str], num_categories: int = 30) -> dict:
@@ -179,3 +188,74 @@ def test_bad_id_in_a_user_feature_on_a_gpu_is_one_line(mode):
     overrides.append("loader_workers=0")  # the harness's rank is a daemon: no children
     (msg,) = run_ranks(_run_bad_one_rank, 1, overrides, timeout=180)
     assert msg is not None and "step 3" in msg and "uih feature 'category' id 37" in msg, msg
+
+
+# ---- from a file: python -m examples.categories, data.features -------------------
+
+
+def _sasrec_file(tmp_path, users=12, seed=0):
+    rng = np.random.default_rng(seed)
+    lines = [
+        f"{u} {i}\n" for u in range(users) for i in rng.integers(100, 140, int(rng.integers(0, 9)))
+    ]
+    (tmp_path / "s.txt").write_text("".join(lines))
+    return tmp_path / "s.txt"
+
+
+@needs_pyarrow
+def test_written_parquet_has_the_sasrec_split_and_hashed_categories(tmp_path):
+    src = _sasrec_file(tmp_path, users=30)
+    proc = subprocess.run(
+        [sys.executable, "-m", "examples.categories", str(src), str(tmp_path / "c.parquet"), "7"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    sasrec = open_source(f"sasrec:{src}")
+    par = open_source(f"parquet:{tmp_path / 'c.parquet'}", options={"features": FEATURES})
+    assert schema_of(par).rows("uih", "categories") <= 7 and par.num_items == sasrec.num_items
+    for split in ("valid", "test"):  # the same users, targets and sampled negatives
+        a, b = sasrec.eval_batch(split, 0, 0, 1, 64), par.eval_batch(split, 0, 0, 1, 64)
+        assert torch.equal(a.uih["item_ids"], b.uih["item_ids"])
+        assert torch.equal(a.candidates["item_ids"], b.candidates["item_ids"])
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(tmp_path / "c.parquet").to_pydict()
+    for items, cats in zip(table["items"], table["categories"], strict=True):
+        assert cats == [int(category_of(np.uint64(i), 7)) for i in items]
+
+
+@needs_pyarrow
+def test_the_example_trains_from_a_parquet_file_by_name(tmp_path):
+    src = _sasrec_file(tmp_path, users=40)
+    write_parquet(src, tmp_path / "c.parquet", 5)
+    proc = _cli(
+        "--set", f"data=parquet:{tmp_path / 'c.parquet'}", "--set", f"data.features={FEATURES}",
+        "--set", "model=examples.categories:build", "--set", "model.category=categories",
+        "--set", "model.dim=8", "--set", "steps=3", "--set", "warmup=1", "--set", "batch_size=4",
+        "--set", "samples_per_user=0", "--set", "eval_every=0", "--set", "progress=false",
+        "--set", "nproc=1",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["steps"] == 3 and summary["eval"]["test"]["users"] > 0
+
+
+@needs_pyarrow
+def test_a_misaligned_feature_column_is_one_line_and_status_2(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(
+        pa.table({"items": [[1, 2, 3], [2, 3]], "categories": [[0, 1, 2], [1]]}),
+        tmp_path / "bad.parquet",
+    )
+    proc = _cli(
+        "--set", f"data=parquet:{tmp_path / 'bad.parquet'}", "--set", f"data.features={FEATURES}",
+        "--set", "model=examples.categories:build", "--set", "model.category=categories",
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    err = proc.stderr.strip()
+    assert "bad.parquet: row 2: categories has 1 values, items has 2" in err and "\n" not in err
+    typo = build_config("demo", [f"data=parquet:{tmp_path / 'bad.parquet'}", "data.feature=x"])
+    with pytest.raises(ValueError, match=r"takes data\.features; got data\.feature$"):
+        check_data(typo, 1)

@@ -1,0 +1,236 @@
+"""The Beauty table: three models against the popularity baseline, one split.
+
+Trains, on the CPU with 2 gloo ranks in ``sync`` mode, through the CLI:
+
+- ``reference``: the built-in sequence model (the default model);
+- ``hstu``: the built-in HSTU (``freescale.models.hstu:build``);
+- ``categories``: the example model (``examples/categories.py``) from a
+  Parquet file with a hashed ``categories`` column, written from the same
+  SASRec file by ``python -m examples.categories`` (same users, items and
+  order, so the same leave-one-out split and the same sampled negatives);
+
+then reads each run's JSON summary (test HR@10 / NDCG@10, and the
+popularity baseline the summary prints) and writes
+``benchmarks/results/beauty-table.md`` and ``.json``.
+
+    .venv/bin/python scripts/beauty_table.py [--data /work/shared/data/beauty.txt]
+
+Each run logs to ``--logs`` (default ``/tmp/beauty-table``); ``--reuse``
+takes a run's summary from its log when the log's first line is the same
+command (so runs started separately are not repeated).  The config keys are
+all in `KEYS` below: one place to follow a rename of the configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CLI = [".venv/bin/freescale", "train"]
+
+# Config keys (flat form; docs/train-on-your-data.md). Only here.
+KEYS = {
+    "data": "data",
+    "features": "data.features",
+    "mode": "mode",
+    "nproc": "nproc",
+    "device": "device",
+    "steps": "steps",
+    "batch_size": "batch_size",
+    "samples_per_user": "samples_per_user",
+    "max_uih": "max_uih",
+    "eval_every": "eval_every",
+    "progress": "progress",
+    "seed": "seed",
+    "model": "model",
+}
+
+COMMON = {
+    "mode": "sync",
+    "nproc": 2,
+    "device": "cpu",
+    "steps": 3000,
+    "batch_size": 64,
+    "samples_per_user": 0,
+    "max_uih": 50,
+    "eval_every": 0,
+    "progress": "false",
+    "seed": 0,
+}
+N_CATEGORIES = 64
+
+
+def settings(name: str, data: Path, parquet: Path) -> list[tuple[str, object]]:
+    """(key, value) pairs of run ``name``; model options are ``model.KEY``."""
+    sasrec = [(KEYS["data"], f"sasrec:{data}")]
+    common = [(KEYS[k], v) for k, v in COMMON.items()]
+    if name == "reference":
+        return sasrec + common
+    if name == "hstu":
+        return sasrec + common + [(KEYS["model"], "freescale.models.hstu:build"), ("model.dim", 32)]
+    if name == "categories":
+        return [
+            (KEYS["data"], f"parquet:{parquet}"),
+            (KEYS["features"], "categories:uih,categories:candidates"),
+            *common,
+            (KEYS["model"], "examples.categories:build"),
+            ("model.category", "categories"),
+            ("model.dim", 32),
+        ]
+    raise ValueError(name)
+
+
+MODELS = ("reference", "hstu", "categories")
+
+
+def command(pairs: list[tuple[str, object]]) -> list[str]:
+    out = list(CLI)
+    for k, v in pairs:
+        out += ["--set", f"{k}={v}"]
+    return out
+
+
+def summary_of(log: Path, cmd: str) -> dict | None:
+    """The JSON summary in ``log`` if it ran ``cmd`` to the end."""
+    if not log.exists():
+        return None
+    lines = log.read_text().splitlines()
+    if not lines or lines[0] != cmd:
+        return None
+    for line in reversed(lines):
+        if line.startswith("{") and '"eval"' in line:
+            return json.loads(line)
+    return None
+
+
+def run(name: str, argv: list[str], logs: Path, reuse: bool) -> tuple[dict, float | None]:
+    cmd = shlex.join(argv)
+    log = logs / f"{name}.log"
+    if reuse and (found := summary_of(log, cmd)) is not None:
+        print(f"{name}: summary from {log}", flush=True)
+        return found, None
+    print(f"{name}: {cmd}  (log: {log})", flush=True)
+    start = time.time()
+    with log.open("w") as f:
+        f.write(cmd + "\n")
+        f.flush()
+        proc = subprocess.run(argv, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
+    wall = time.time() - start
+    found = summary_of(log, cmd)
+    if proc.returncode != 0 or found is None:
+        sys.exit(f"{name} failed (rc {proc.returncode}); see {log}")
+    with log.open("a") as f:
+        f.write(f"# wall_s {wall:.0f}\n")
+    return found, wall
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def git_commit() -> str:
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                           capture_output=True).stdout.strip()  # fmt: skip
+    return out.stdout.decode().strip() + ("-dirty" if dirty else "")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", type=Path, default=Path("/work/shared/data/beauty.txt"))
+    ap.add_argument("--logs", type=Path, default=Path("/tmp/beauty-table"))
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/beauty-table")
+    ap.add_argument("--only", default=",".join(MODELS), help="comma-separated models")
+    ap.add_argument("--reuse", action="store_true", help="take summaries from matching logs")
+    args = ap.parse_args()
+    args.logs.mkdir(parents=True, exist_ok=True)
+    commit = git_commit()  # the code the runs use (taken before they start)
+    data = args.data.resolve()
+    parquet = args.logs / "beauty-categories.parquet"
+    only = args.only.split(",")
+    commands: list[str] = []
+    if "categories" in only:
+        prep = [sys.executable, "-m", "examples.categories", str(data), str(parquet),
+                str(N_CATEGORIES)]  # fmt: skip
+        prep[0] = ".venv/bin/python"
+        commands.append(shlex.join(prep))
+        if not (args.reuse and parquet.exists()):
+            subprocess.run(prep, cwd=ROOT, check=True)
+    rows, popularity, counts = {}, None, None
+    for name in only:
+        argv = command(settings(name, data, parquet))
+        commands.append(shlex.join(argv))
+        summary, wall = run(name, argv, args.logs, args.reuse)
+        ev = summary["eval"]
+        rows[name] = {"test": ev["test"], "valid": ev["valid"], "wall_s": wall}
+        if popularity is None:
+            popularity, counts = ev["popularity_test"], ev["data"]
+        elif ev["popularity_test"] != popularity or ev["data"] != counts:
+            sys.exit(f"{name}: not the same split or negatives: {ev['popularity_test']} "
+                     f"!= {popularity}")  # fmt: skip
+    report(args.out, rows, popularity, counts, commands, data, commit)
+
+
+def report(out: Path, rows, popularity, counts, commands, data: Path, commit: str) -> None:
+    import torch
+
+    head = {
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": f"{cpu_model()}, {os.cpu_count()} CPUs visible, shared with other jobs "
+        "(CPU run, 2 gloo ranks)",
+        "torch": torch.__version__,
+        "commit": commit,
+        "data": str(data),
+    }
+    beats = {
+        n: r["test"]["hr@10"] > popularity["hr@10"] and r["test"]["ndcg@10"] > popularity["ndcg@10"]
+        for n, r in rows.items()
+    }
+    lines = [
+        "# Beauty: three models against the popularity baseline",
+        "",
+        *(f"- {k}: {v}" for k, v in head.items()),
+        f"- users: {counts['users']}, evaluated: {counts['eval_users']}, training samples: "
+        f"{counts['train_samples']}, dropped: {counts['users_dropped']}",
+        "- split: leave-one-out; test = each user's last item against 100 sampled "
+        "negatives (the same for every run: the popularity row is identical in all three)",
+        "",
+        "| model | test HR@10 | test NDCG@10 | valid HR@10 | valid NDCG@10 | beats popularity "
+        "| wall s |",
+        "|---|---|---|---|---|---|---|",
+        f"| popularity | {popularity['hr@10']:.4f} | {popularity['ndcg@10']:.4f} | | | | |",
+    ]
+    for n, r in rows.items():
+        t, v = r["test"], r["valid"]
+        wall = "" if r["wall_s"] is None else f"{r['wall_s']:.0f}"
+        lines.append(
+            f"| {n} | {t['hr@10']:.4f} | {t['ndcg@10']:.4f} | {v['hr@10']:.4f} | "
+            f"{v['ndcg@10']:.4f} | {'yes' if beats[n] else 'NO'} | {wall} |"
+        )
+    lines += ["", "Commands (from the repository root):", "", "```bash", *commands, "```", ""]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".md").write_text("\n".join(lines))
+    record = {**head, "split": counts, "popularity_test": popularity, "runs": rows,
+              "beats_popularity": beats, "commands": commands}  # fmt: skip
+    out.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")
+    print("\n".join(lines))
+    print(json.dumps({"beats_popularity": beats}))
+
+
+if __name__ == "__main__":
+    main()
