@@ -111,8 +111,7 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-def table(rows: list[dict[str, Any]], columns: list[str]) -> list[str]:
-    cols = columns or sorted({k for r in rows for k in r if not isinstance(r[k], dict | list)})
+def table(rows: list[dict[str, Any]], cols: list[str]) -> list[str]:
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(_cell(r.get(c)) for c in cols) + " |" for r in rows]
     return lines
@@ -133,7 +132,7 @@ def markdown(head: dict[str, Any], rows: list[dict], columns: list[str], section
         *(["- **smoke run: plumbing only, not a result**"] if head.get("smoke") else []),
         "",
     ]  # fmt: skip
-    if rows:
+    if rows and columns:  # no metrics named: the measure's own sections carry the table
         lines += [*table(rows, columns), ""]
     lines += sections
     if checks:

@@ -15,7 +15,7 @@ Checks (``[[checks]]`` in a scenario), each over the rows:
   on every other axis;
 - ``{kind = "baseline", metric = M, file = F, match = [...], tolerance = T}``:
   M <= the baseline row's M + T (F: a report's .jsonl, or a JSON with "rows");
-- ``{kind = "true", field = F}``: every row's F is true.
+- ``{kind = "true", field = F}``: every row's F is true (rows where F is null are skipped).
 """
 
 from __future__ import annotations
@@ -130,7 +130,8 @@ def check(spec: dict[str, Any], rows: list[dict]) -> list[dict[str, Any]]:
                         "detail": f"{_point(r)}: {v}"})  # fmt: skip
     elif kind == "true":
         for r in rows:
-            out.append({"name": metric, "pass": bool(r.get(metric)), "detail": _point(r)})
+            if r.get(metric) is not None:  # None: nothing to check on this row
+                out.append({"name": metric, "pass": bool(r[metric]), "detail": _point(r)})
     elif kind == "below":
         axis, ref = spec["axis"], spec["reference"]
         for r in (r for r in rows if r.get(axis) in spec["values"]):

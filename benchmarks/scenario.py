@@ -83,7 +83,7 @@ class Scenario:
         for key in [*self.grid, *self.set]:
             if key not in keys:
                 raise ValueError(f"{self.name}: config key {key!r} is not in keys.toml")
-        if unknown := set(self.smoke) - {"params", "grid", "set", "ranks", "checks", "device"}:
+        if unknown := set(self.smoke) - {"params", "grid", "set", "ranks", "checks", "device", "launcher"}:
             raise ValueError(f"{self.name}: unknown [smoke] entries {sorted(unknown)}")
 
     @property
@@ -103,6 +103,7 @@ class Scenario:
         s.ranks = self.smoke.get("ranks", [min(self.ranks[0], 2)])
         s.checks = self.smoke.get("checks", [])
         s.device = self.smoke.get("device", "cpu")
+        s.launcher = self.smoke.get("launcher", self.launcher)
         return s
 
 

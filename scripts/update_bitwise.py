@@ -8,9 +8,9 @@ the skip flag, fp32 and bf16 weights, every optimizer and decay) and
 compares the weights and optimizer state bit for bit. On a machine without
 CUDA it runs Triton's interpreter (slow: ~1 s per case).
 
-    python benchmarks/update_bitwise.py --base HEAD~1 --cases 150
-    python benchmarks/update_bitwise.py --base-file old_triton_update.py  # no .git
-    python benchmarks/update_bitwise.py --base-file old.py --time  # + GPU time of both
+    python scripts/update_bitwise.py --base HEAD~1 --cases 150
+    python scripts/update_bitwise.py --base-file old_triton_update.py  # no .git
+    python scripts/update_bitwise.py --base-file old.py --time  # + GPU time of both
 """
 
 from __future__ import annotations

@@ -13,45 +13,32 @@ On the CPU the ranks are processes on one machine (gloo), so these numbers
 measure the host transports themselves (shm: two memcpys through shared
 memory; gloo: TCP loopback), not a GPU path.
 
-    python benchmarks/comm_bandwidth.py --world-size 2 --out benchmarks/results/x.md
-    python benchmarks/comm_bandwidth.py --world-size 4 --ranks-per-host 2   # + smfree-hier
-    torchrun --nproc-per-node 2 benchmarks/comm_bandwidth.py --device cuda   # on a GPU host
+    python -m benchmarks run comm-bandwidth            # torchrun, 2 GPUs: NCCL vs SM-free
+    python -m benchmarks run comm-bandwidth --smoke    # 2 CPU ranks (gloo, shm)
+
+Parameters: ``backends``, ``ranks_per_host`` (emulate hosts; adds smfree-hier),
+``max_bytes``, ``target_s`` (time per point). The report's per-op tables are
+what ``freescale calibrate --bandwidth`` reads.
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime as dt
-import json
 import os
-import platform
-import sys
 import time
 from functools import partial
-from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from freescale.comm import make_communicator
 from freescale.testing import run_ranks
 
+from .runner import Ctx, Result
+from .scenario import Scenario
+
 SIZES = [4 << 10 << (2 * i) for i in range(8)]  # 4 KiB, 16 KiB, ..., 64 MiB
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--world-size", type=int, default=2, help="ranks (ignored under torchrun)")
-    p.add_argument("--backends", default="torch,smfree-shm,smfree-gloo")
-    p.add_argument("--ranks-per-host", type=int, default=None, help="emulate hosts; adds hier")
-    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    p.add_argument("--max-bytes", type=int, default=SIZES[-1])
-    p.add_argument("--target-s", type=float, default=0.25, help="time per point (approx.)")
-    p.add_argument("--out", default="", help="write the markdown report here")
-    return p.parse_args(argv)
 
 
 def _time_op(fn: Any, device: torch.device, iters: int) -> float:
@@ -113,20 +100,10 @@ def _fmt_bytes(n: int) -> str:
     return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
 
 
-def report(rows: list[dict], world: int, args: argparse.Namespace, command: str) -> str:
+def tables(rows: list[dict]) -> list[str]:
+    """Per op: latency us / GB/s per backend and size (``freescale calibrate`` reads these)."""
     backends = list(dict.fromkeys(r["backend"] for r in rows))
-    lines = [
-        "# Communicator bandwidth (benchmarks/comm_bandwidth.py)",
-        "",
-        f"- machine: {platform.node() or 'unknown'}, {platform.machine()}, "
-        f"{os.cpu_count()} cores, torch {torch.__version__}, device {args.device}",
-        f"- date: {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC; load average at the end"
-        f" {os.getloadavg()[0]:.1f} (other jobs share the machine: latencies are noisy)",
-        f"- command: `{command}`",
-        f"- world size {world}"
-        + (f", {args.ranks_per_host} ranks per emulated host" if args.ranks_per_host else ""),
-        "",
-    ]
+    lines = []
     for op in ("all_gather", "all_to_all"):
         lines += [f"## {op}: latency us / bandwidth GB/s (received from peers, per rank)", ""]
         lines += ["| bytes per rank | " + " | ".join(backends) + " |"]
@@ -138,34 +115,33 @@ def report(rows: list[dict], world: int, args: argparse.Namespace, command: str)
                 cells.append(f"{r['latency_us']:.0f} / {r['GBps']:.2f}")
             lines.append(f"| {_fmt_bytes(size)} | " + " | ".join(cells) + " |")
         lines.append("")
-    return "\n".join(lines)
+    return lines
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    backends = [b for b in args.backends.split(",") if b]
+DEFAULTS = {"backends": ["torch", "smfree-shm", "smfree-gloo"], "ranks_per_host": None,
+            "max_bytes": SIZES[-1], "target_s": 0.25}  # fmt: skip
+
+
+def measure(s: Scenario, ctx: Ctx) -> Result | None:
+    """Under torchrun (GPUs): this process is a rank; else ``ranks[0]`` gloo ranks here."""
+    args = SimpleNamespace(**{**DEFAULTS, **s.params})
+    backends = list(args.backends)
     if args.ranks_per_host and "smfree-hier" not in backends:
         backends.append("smfree-hier")
-    sizes = [s for s in SIZES if s <= args.max_bytes]
-    call = (backends, sizes, args.device, args.ranks_per_host, args.target_s)
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # under torchrun
-        # CPU tensors (timing reductions, smfree's own groups) on gloo, CUDA ones on NCCL.
-        dist.init_process_group("cpu:gloo,cuda:nccl" if args.device == "cuda" else "gloo")
+    sizes = [x for x in SIZES if x <= args.max_bytes]
+    device = "cpu" if ctx.smoke or s.device == "cpu" else "cuda"
+    call = (backends, sizes, device, args.ranks_per_host, args.target_s)
+    world = s.ranks[0]
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        dist.init_process_group("cpu:gloo,cuda:nccl" if device == "cuda" else "gloo")
         rows, world = bench_rank(*call), dist.get_world_size()
         leader = dist.get_rank() == 0
         dist.destroy_process_group()
         if not leader:
-            return
+            return None
     else:
-        world = args.world_size
         rows = run_ranks(bench_rank, world, *call, timeout=3600)[0]
-    command = "python " + " ".join([sys.argv[0], *sys.argv[1:]])
-    text = report(rows, world, args, command)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
-    print(json.dumps({"benchmark": "comm_bandwidth", "world_size": world, "rows": rows}))
-
-
-if __name__ == "__main__":
-    main()
+    note = (f"World size {world}" + (f", {args.ranks_per_host} ranks per emulated host"
+            if args.ranks_per_host else "") + f"; device {device}; load average at the end "
+            f"{os.getloadavg()[0]:.1f}.")  # fmt: skip
+    return Result(rows, [note, "", *tables(rows)])

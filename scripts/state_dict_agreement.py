@@ -2,7 +2,7 @@
 
 Prints, per rank: ms per `rank_agreement.agree` call, and min / median ms of
 ``state_dict()`` of one row-wise Adagrad table with and without the agreement
-(interleaved calls). Run: ``python benchmarks/state_dict_agreement.py``.
+(interleaved calls). Run: ``python scripts/state_dict_agreement.py``.
 """
 
 import time

@@ -1,12 +1,12 @@
 """Digests of short CPU training runs, to show a change left every number alone.
 
 Host-overhead work (fewer ops per step) must not change any value. This
-trains the demo preset shaped like the H200 model (as `host_ops.py`) on 1 and
+trains the demo preset shaped like the H200 model (dim 256, 4 heads, 4 layers) on 1 and
 2 gloo ranks in each mode and prints, per run, a SHA-256 of the per-step
 losses, of the final item table with its optimizer state, and of the dense
 weights. Run it before and after a change: equal digests = bit-identical runs.
 
-    python benchmarks/run_digest.py > before.txt   # ... change ..., then again
+    python scripts/run_digest.py > before.txt   # ... change ..., then again
 """
 
 from __future__ import annotations
