@@ -41,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
         chosen = args.scenarios or [s.name for s, ok, _ in plan(args.gpus) if ok]
         return runner.session(chosen, args.out, args.smoke)
     elif args.cmd == "index":
-        (args.results / "INDEX.md").write_text(report.index(args.results))
+        scenarios = [load(n) for n in names()]
+        (args.results / "INDEX.md").write_text(report.index(args.results, scenarios))
     return 0
 
 

@@ -21,6 +21,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import re
 import shlex
 import subprocess
 import sys
@@ -166,19 +167,23 @@ def read(path: Path) -> tuple[dict[str, Any], list[dict], list[dict]]:
     return head, rows, [r for r in records[1:] if r.get("kind") == "check"]
 
 
-def index(results: Path = RESULTS) -> str:
-    """INDEX.md: per figure / guard, its latest report, build, machine, date."""
-    heads = []
+def _order(label: str, name: str) -> tuple:
+    """Figures first, by number (2 before 10), then guards by name."""
+    digits = re.match(r"\D*(\d*)", label).group(1)
+    return (not label.startswith("Fig."), int(digits or 0) if label.startswith("Fig.") else 0,
+            label, name)  # fmt: skip
+
+
+def index(results: Path = RESULTS, scenarios: list[Any] | None = None) -> str:
+    """INDEX.md: per figure / guard, its latest report, build, machine, date;
+    scenarios (``scenario.Scenario``) without a report are listed as not run."""
+    heads = {}
     for path in sorted(results.glob("*.jsonl")):
         head = read(path)[0]
         if not head.get("smoke"):
-            heads.append((head, path))
-
-    def order(item: tuple[dict, Path]) -> tuple:
-        label = item[0]["label"]
-        fig = label.startswith("Fig.")
-        return (not fig, label, item[0]["scenario"])
-
+            heads[head["scenario"]] = (head["label"], path, head)
+    for s in scenarios or []:
+        heads.setdefault(s.name, (s.label, None, None))
     lines = [
         "# Benchmark results: index",
         "",
@@ -188,10 +193,11 @@ def index(results: Path = RESULTS) -> str:
         "| figure / guard | scenario | report | build | machine | date |",
         "|---|---|---|---|---|---|",
     ]
-    for head, path in sorted(heads, key=order):
+    for name, (label, path, head) in sorted(heads.items(), key=lambda x: _order(x[1][0], x[0])):
+        if head is None:
+            lines.append(f"| {label} | `{name}` | not run yet | – | – | – |")
+            continue
         md = path.with_suffix(".md").name
-        lines.append(
-            f"| {head['label']} | `{head['scenario']}` | [{md}]({md}) | {head['build']} | "
-            f"{head['machine']} | {head['date'][:10]} |"
-        )
+        lines.append(f"| {label} | `{name}` | [{md}]({md}) | {head['build']} | "
+                     f"{head['machine']} | {head['date'][:10]} |")  # fmt: skip
     return "\n".join(lines) + "\n"
