@@ -361,7 +361,9 @@ def measure(s: Scenario, ctx: Ctx) -> Result:
     args = SimpleNamespace(**{**DEFAULTS, **s.params})
     if unknown := set(args.ops) - set(OPS):
         raise ValueError(f"unknown ops {sorted(unknown)}")
-    dev = "cuda" if s.device == "cuda" or (s.device == "any" and torch.cuda.is_available()) else "cpu"
+    dev = (
+        "cuda" if s.device == "cuda" or (s.device == "any" and torch.cuda.is_available()) else "cpu"
+    )
     quick = args.quick or ctx.smoke
     deadline = time.perf_counter() + args.time_limit
     sizes = QUICK if quick else Sizes()
@@ -379,7 +381,9 @@ def measure(s: Scenario, ctx: Ctx) -> Result:
                 torch.cuda.empty_cache()
     checks = targets(rows, copy)
     for r in rows:
-        mine = [c["pass"] for c in checks if (c["op"], c["world_size"]) == (r["op"], r["world_size"])]
+        mine = [
+            c["pass"] for c in checks if (c["op"], c["world_size"]) == (r["op"], r["world_size"])
+        ]
         r["targets_met"] = all(mine) if mine else None
     sections = [
         f"Copy bandwidth (read + write): {copy:.0f} GB/s; per-rank load: {sizes.__dict__}.",
@@ -388,7 +392,12 @@ def measure(s: Scenario, ctx: Ctx) -> Result:
         *table(rows, copy), "",
     ]  # fmt: skip
     if checks:
-        sections += ["## Targets", "", "| op | W | target | value | pass |", "|---|---|---|---|---|"]
+        sections += [
+            "## Targets",
+            "",
+            "| op | W | target | value | pass |",
+            "|---|---|---|---|---|",
+        ]
         sections += [f"| {c['op']} | {c['world_size']} | {c['target']} | {c['value']} | "
                      f"{'PASS' if c['pass'] else 'MISS'} |" for c in checks]  # fmt: skip
     sections += ["", *dispatch_lines(rows, copy)]

@@ -148,7 +148,11 @@ def write(out: Path, head: dict[str, Any], rows: list[dict], columns: list[str],
     """``out``.md and ``out``.jsonl; returns the markdown path."""
     out.parent.mkdir(parents=True, exist_ok=True)
     checks = checks or []
-    records = [head, *({"kind": "row", **r} for r in rows), *({"kind": "check", **c} for c in checks)]
+    records = [
+        head,
+        *({"kind": "row", **r} for r in rows),
+        *({"kind": "check", **c} for c in checks),
+    ]
     out.with_suffix(".jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     md = out.with_suffix(".md")
     md.write_text(markdown(head, rows, columns, sections or [], checks))

@@ -83,7 +83,15 @@ class Scenario:
         for key in [*self.grid, *self.set]:
             if key not in keys:
                 raise ValueError(f"{self.name}: config key {key!r} is not in keys.toml")
-        if unknown := set(self.smoke) - {"params", "grid", "set", "ranks", "checks", "device", "launcher"}:
+        if unknown := set(self.smoke) - {
+            "params",
+            "grid",
+            "set",
+            "ranks",
+            "checks",
+            "device",
+            "launcher",
+        }:
             raise ValueError(f"{self.name}: unknown [smoke] entries {sorted(unknown)}")
 
     @property

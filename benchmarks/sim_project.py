@@ -197,4 +197,3 @@ def plot(out: dict, path: Path) -> None:
     fig.suptitle("Simulator projections (validated only at W <= 4; see the .md)")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
-

@@ -147,10 +147,12 @@ def flops(cfg: Any, point: dict[str, Any], step_ms: float, peak: float | None) -
     if not hasattr(model, "flops"):
         return {"tflops_per_gpu": None, "mfu_pct": None}
     w = point["nproc"]
-    per_step = statistics.mean(
-        sum(float(model.flops(source.batch(k, r, w, cfg.batch_size))) for r in range(w))
-        for k in range(3)
-    )
+    counts = [
+        [model.flops(source.batch(k, r, w, cfg.batch_size)) for r in range(w)] for k in range(3)
+    ]
+    if any(c is None for step in counts for c in step):  # the model does not count its FLOPs
+        return {"tflops_per_gpu": None, "mfu_pct": None}
+    per_step = statistics.mean(sum(float(c) for c in step) for step in counts)
     achieved = per_step / (step_ms / 1e3) / w / 1e12
     return {"step_tflop": per_step / 1e12, "tflops_per_gpu": achieved,
             "mfu_pct": 100 * achieved / peak if peak else None}  # fmt: skip
@@ -210,6 +212,8 @@ def measure(s: Scenario, ctx: Ctx) -> Result:
         print(f"[{k}/{len(grid)}] {point} {json.dumps(shown, default=str)}", flush=True)
     if s.params.get("loss_gap"):
         loss_gaps(rows, ctx.raw)
-    sections = ["Means over post-warm-up steps (`freescale train`'s summary); exposed "
-                "communication per step, mean over ranks; raw step logs are not committed."]  # fmt: skip
+    sections = [
+        "Means over post-warm-up steps (`freescale train`'s summary); exposed "
+        "communication per step, mean over ranks; raw step logs are not committed."
+    ]
     return Result(rows, sections, plot(rows, ctx.out))

@@ -77,6 +77,6 @@ def test_the_checker_catches_a_bad_quote(tmp_path):
     page = tmp_path / "docs" / "x.md"
     page.parent.mkdir()
     page.write_text("[2.67](../benchmarks/results/fig8.md) %\n")
-    (label, href), = LINK.findall(page.read_text())
+    ((label, href),) = LINK.findall(page.read_text())
     assert _target(page, href) == report.resolve()
     assert NUMBER.findall(label) == ["2.67"] and "2.67" not in report.read_text()
