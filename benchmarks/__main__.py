@@ -20,6 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("scenario")
     r.add_argument("--smoke", action="store_true", help="seconds on the CPU; not a result")
     r.add_argument("--out", type=Path, default=None, help="report folder (default results/)")
+    r.add_argument("--ranks", default="", help="only these of its world sizes, e.g. 2,4")
     se = sub.add_parser("session", help="run several scenarios, pack their raw logs once")
     se.add_argument("scenarios", nargs="*", help="default: every one `plan --gpus` allows")
     se.add_argument("--gpus", type=int, default=0)
@@ -36,10 +37,11 @@ def main(argv: list[str] | None = None) -> int:
         for s, ok, why in plan(args.gpus):
             print(f"{'yes' if ok else 'no ':3s}  {s.name:18s} {s.label:22s} {why}")
     elif args.cmd == "run":
-        return runner.run(args.scenario, args.smoke, args.out)
+        ranks = [int(x) for x in args.ranks.split(",")] if args.ranks else None
+        return runner.run(args.scenario, args.smoke, args.out, ranks=ranks)
     elif args.cmd == "session":
         chosen = args.scenarios or [s.name for s, ok, _ in plan(args.gpus) if ok]
-        return runner.session(chosen, args.out, args.smoke)
+        return runner.session(chosen, args.out, args.smoke, None if args.smoke else args.gpus)
     elif args.cmd == "index":
         scenarios = [load(n) for n in names()]
         (args.results / "INDEX.md").write_text(report.index(args.results, scenarios))

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from . import report
-from .scenario import Scenario, load
+from .scenario import Scenario, fitting_ranks, load
 
 
 @dataclass
@@ -61,14 +61,20 @@ def torchrun_command(s: Scenario, argv: list[str]) -> list[str]:
 
 
 def run(name: str, smoke: bool = False, out: Path | None = None,
-        argv: list[str] | None = None) -> int:  # fmt: skip
-    """Run scenario ``name``; the report goes to ``out``/NAME.{md,jsonl}."""
+        argv: list[str] | None = None, ranks: list[int] | None = None) -> int:  # fmt: skip
+    """Run scenario ``name`` (only world sizes ``ranks`` if given); the report goes
+    to ``out``/NAME.{md,jsonl}."""
     s = load(name)
     s = s.smoked() if smoke else s
+    if ranks and not smoke:
+        if not set(ranks) <= set(s.ranks):
+            raise ValueError(f"{name}: --ranks {ranks} not among its world sizes {s.ranks}")
+        s.ranks = list(ranks)
     out = out or (Path(tempfile.mkdtemp(prefix="fs-smoke-")) if smoke else report.RESULTS)
     argv = sys.argv if argv is None else argv
     if s.launcher == "torchrun" and not under_torchrun():
         args = ["run", name, "--out", str(out), *(["--smoke"] if smoke else [])]
+        args += ["--ranks", ",".join(map(str, s.ranks))] if ranks and not smoke else []
         return subprocess.run(torchrun_command(s, args)).returncode
     stem = out / name
     ctx = Ctx(out=stem, raw=out / f"{name}-raw", smoke=smoke)
@@ -90,14 +96,17 @@ def run(name: str, smoke: bool = False, out: Path | None = None,
     return 1 if any(not c["pass"] for c in checks) else 0
 
 
-def session(names: list[str], out: Path, smoke: bool = False) -> int:
-    """Several scenarios in a row on one machine, then their raw folders packed
-    into one archive (``session-raw.tgz``); the status is the worst one."""
+def session(names: list[str], out: Path, smoke: bool = False, gpus: int | None = None) -> int:
+    """Several scenarios in a row on one machine (with ``gpus``: only the world
+    sizes that fit), then their raw folders packed into one archive
+    (``session-raw.tgz``); the status is the worst one."""
     status = 0
     for name in names:
         print(f"== {name}", flush=True)
-        rc = run(name, smoke, out, argv=["python -m benchmarks", "run", name, "--out", str(out)])
-        status = max(status, rc)
+        fit = fitting_ranks(load(name), gpus) if gpus is not None else None
+        argv = ["python -m benchmarks", "run", name, "--out", str(out)]
+        argv += ["--ranks", ",".join(map(str, fit))] if fit else []
+        status = max(status, run(name, smoke, out, argv=argv, ranks=fit))
     raws = [p for p in sorted(out.glob("*-raw")) if p.is_dir()]
     if raws:
         with tarfile.open(out / "session-raw.tgz", "w:gz") as tar:

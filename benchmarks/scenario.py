@@ -130,16 +130,23 @@ def names(folder: Path = SCENARIOS) -> list[str]:
     return sorted(p.stem for p in folder.glob("*.toml") if p.stem != "keys")
 
 
+def fitting_ranks(s: Scenario, gpus: int) -> list[int]:
+    """The world sizes of ``s`` a machine of ``gpus`` GPUs runs (all of them on the CPU)."""
+    return [r for r in s.ranks if r <= gpus] if s.device == "cuda" else list(s.ranks)
+
+
 def plan(gpus: int, folder: Path = SCENARIOS) -> list[tuple[Scenario, bool, str]]:
-    """Every scenario with whether a machine of ``gpus`` GPUs runs it, and why not."""
+    """Every scenario with whether a machine of ``gpus`` GPUs runs it, and how."""
     rows = []
     for n in names(folder):
         s = load(n, folder)
-        need = s.gpus()
-        if need > gpus:
-            rows.append((s, False, f"needs {need} GPUs"))
+        fit = fitting_ranks(s, gpus)
+        if not fit:
+            rows.append((s, False, f"needs {min(s.ranks)} GPUs"))
+        elif fit != s.ranks:
+            rows.append((s, True, f"part: --ranks {','.join(map(str, fit))} of {s.ranks}"))
         elif s.device == "cuda" or (s.device == "any" and gpus):
-            rows.append((s, True, f"{need or 1} GPU(s)"))
+            rows.append((s, True, f"{s.gpus() or 1} GPU(s)"))
         else:
             rows.append((s, True, "CPU"))
     return rows

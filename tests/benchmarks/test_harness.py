@@ -79,7 +79,8 @@ def test_plan_splits_by_gpu_count():
     runs8 = {s.name: ok for s, ok, _ in plan(8)}
     assert runs0["sim-project"] and not runs0["fig8"]
     assert all(runs8.values())
-    assert not {s.name: ok for s, ok, _ in plan(2)}["fig11"]  # needs 8
+    part = {s.name: why for s, _, why in plan(2)}["fig11"]  # 2, 4, 8 GPUs
+    assert "--ranks 2 " in part
 
 
 def test_report_round_trip(tmp_path):
