@@ -65,7 +65,10 @@ def single_rank() -> Any:
         yield
     finally:
         for k, v in saved.items():
-            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def overrides(s: Scenario, point: dict[str, Any], metrics: Path, trace: Path | None) -> list[str]:
