@@ -13,30 +13,26 @@ D dim, e bytes per element, s optimizer-state bytes per row):
   lookup: M * (2 * D * e + 8)            read rows, write output, read slots
   update: M * D * e + U * (2 * D * e + 2 * s)   read grads, r/w rows and state
 
-    torchrun --nproc-per-node 2 benchmarks/embedding.py --out benchmarks/results/embedding_2xH200.md
-    python benchmarks/embedding.py --device cpu --quick      # seconds, on gloo
+    python -m benchmarks run fig7-embedding            # torchrun, 2 GPUs
+    python -m benchmarks run fig7-embedding --smoke    # seconds, 2 gloo ranks
+
+Parameters: ``rows`` (table sizes), ``samples``, ``ids_per_sample``, ``dim``,
+``dtype``, ``optimizer``, ``assignment``, ``alpha``, ``warmup``, ``steps``.
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime as dt
-import json
 import math
 import os
-import platform
 import socket
-import sys
 import time
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from freescale.comm import TorchCommunicator
 from freescale.embedding import (
@@ -50,32 +46,19 @@ from freescale.embedding import (
 )
 from freescale.jagged import JaggedTensor
 
+from .runner import Ctx, Result
+from .scenario import Scenario
+
 PHASES = ("preflight", "ids_a2a", "lookup", "emb_a2a", "grad_a2a", "update")
 OPTIMIZERS = {"sgd": (SGD, 0), "adagrad": (RowwiseAdagrad, 4), "adam": (Adam, None)}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    p.add_argument("--rows", default="1e6,1e7,1e8", help="comma-separated table sizes")
-    p.add_argument("--samples", type=int, default=128, help="samples per rank")
-    p.add_argument("--ids-per-sample", type=int, default=4000)
-    p.add_argument("--dim", type=int, default=128)
-    p.add_argument("--dtype", choices=tuple(DTYPES), default="fp32")
-    p.add_argument("--optimizer", choices=tuple(OPTIMIZERS), default="adagrad")
-    p.add_argument("--assignment", choices=("hashed", "block"), default="hashed")
-    p.add_argument("--alpha", type=float, default=1.05, help="Zipf exponent of ids; 0 = uniform")
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--quick", action="store_true", help="tiny shapes, runs in seconds on CPU")
-    p.add_argument("--out", default=None, help="markdown report path")
-    args = p.parse_args(argv)
-    if args.quick:
-        args.rows, args.samples, args.ids_per_sample, args.dim = "1e4,1e5", 4, 50, 16
-        args.warmup, args.steps = 1, 2
-    args.row_list = [int(float(r)) for r in args.rows.split(",")]
-    return args
+DEFAULTS = {"rows": [10**6, 10**7, 10**8], "samples": 128, "ids_per_sample": 4000, "dim": 128,
+            "dtype": "fp32", "optimizer": "adagrad", "assignment": "hashed", "alpha": 1.05,
+            "warmup": 3, "steps": 10}  # fmt: skip
+QUICK = {"rows": [10**4, 10**5], "samples": 4, "ids_per_sample": 50, "dim": 16, "warmup": 1,
+         "steps": 2}  # fmt: skip
 
 
 # ---- setup ---------------------------------------------------------------------
@@ -303,53 +286,16 @@ def table_markdown(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def machine(device: torch.device, world: int) -> str:
-    parts = [platform.node(), f"torch {torch.__version__}", f"{world} rank(s)"]
-    if device.type == "cuda":
-        parts.insert(1, f"{world}x {torch.cuda.get_device_name(device)}")
-        parts.append(
-            f"CUDA {torch.version.cuda}, NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}"
-        )
-    else:
-        parts.insert(1, f"CPU ({os.cpu_count()} cores), gloo")
-    return ", ".join(parts)
-
-
-def write_report(path: str, args, results: list[dict], hbm: float, device, world: int) -> None:
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    if "TORCHELASTIC_RUN_ID" in os.environ:
-        launcher = f"torchrun --nproc-per-node {os.environ.get('LOCAL_WORLD_SIZE', world)}"
-    else:
-        launcher = "python"
-    command = f"{launcher} {' '.join(sys.argv)}"
-    text = [
-        "# Sharded embedding benchmark (synchronous baseline)",
-        "",
-        f"- machine: {machine(device, world)}",
-        f"- date: {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}",
-        f"- command: `{command}`",
-        f"- step: {args.samples} samples x {args.ids_per_sample} ids per rank, dim {args.dim},"
-        f" {args.dtype}, {args.optimizer}, {args.assignment} assignment, Zipf alpha {args.alpha}",
-        f"- HBM copy bandwidth (read + write): {hbm:.0f} GB/s",
-        "",
-        table_markdown(results),
-        "",
-        "Phase times are max over ranks, each between device syncs; the step time is"
-        " measured without them. Bytes: see the docstring of benchmarks/embedding.py.",
-        "",
-    ]
-    out.write_text("\n".join(text))
-
-
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
+def measure(s: Scenario, ctx: Ctx) -> Result | None:
+    """Every table size on this rank (torchrun) or a one-rank group; rank 0's rows."""
+    args = SimpleNamespace(**{**DEFAULTS, **(QUICK if ctx.smoke else {}), **s.params})
+    args.device = "cpu" if ctx.smoke or s.device == "cpu" else "cuda"
     device = init_distributed(args.device)
     comm = TorchCommunicator(device=device)
     world, rank = comm.world_size, comm.rank
     hbm = hbm_copy_gbps(device)
     results = []
-    for rows in args.row_list:
+    for rows in args.rows:
         ok = torch.tensor([float(fits(args, rows, world, device))], device=device)
         if float(comm.all_gather(ok).wait().min()) < 1:
             results.append({"rows": rows, "skipped": "skipped: does not fit in memory"})
@@ -358,24 +304,15 @@ def main(argv: list[str] | None = None) -> None:
         results.append(derive(r, args, world, hbm))
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    if rank == 0:
-        print(f"HBM copy: {hbm:.0f} GB/s; {machine(device, world)}")
-        print(table_markdown(results))
-        if args.out:
-            write_report(args.out, args, results, hbm, device, world)
-        print(
-            json.dumps(
-                {
-                    "benchmark": "embedding",
-                    "world_size": world,
-                    "device": args.device,
-                    "hbm_copy_gbps": hbm,
-                    "results": results,
-                }
-            )
-        )
     dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    main()
+    if rank != 0:
+        return None
+    notes = [
+        f"World size {world}; step: {args.samples} samples x {args.ids_per_sample} ids per rank,"
+        f" dim {args.dim}, {args.dtype}, {args.optimizer}, {args.assignment} assignment, Zipf"
+        f" alpha {args.alpha}; HBM copy bandwidth (read + write): {hbm:.0f} GB/s.", "",
+        table_markdown(results), "",
+        "Phase times are max over ranks, each between device syncs; the step time is measured"
+        " without them. Bytes: see the docstring of benchmarks/embedding.py.",
+    ]  # fmt: skip
+    return Result(results, notes)

@@ -8,38 +8,36 @@ step's communication volume:
 - ``host``: host-staged copies (D2H then H2D through pinned memory on copy
   streams): the SM-free path's data movement, on the copy engines;
 - ``smcopy``: the same bytes moved by a copy kernel with a fixed grid of
-  ``--channels`` programs (a stand-in for NCCL's channels, one CTA each, when
+  ``channels`` programs (a stand-in for NCCL's channels, one CTA each, when
   only one GPU is there);
 - ``nccl`` / ``smfree`` (``torchrun`` with 2+ GPUs): the real AllToAll of
-  ``--bytes`` per rank through NCCL or the `smfree` Communicator, in a loop.
+  ``bytes`` per rank through NCCL or the `smfree` Communicator, in a loop.
 
 The background is enqueued (or, for the Communicator, looped by a thread)
-before the foreground starts and checked to outlast it. Prints a table, writes
-markdown, ends with one JSON line.
+before the foreground starts and checked to outlast it.
 
-    python benchmarks/interference.py                                # 1 GPU: host, smcopy
-    torchrun --nproc-per-node 2 benchmarks/interference.py --backgrounds host,smcopy,nccl,smfree
-    torchrun --nproc-per-node 4 benchmarks/interference.py --device cpu --backgrounds nccl,smfree
+    python -m benchmarks run fig10          # 1 GPU: host, smcopy
+    python -m benchmarks run fig10-nccl     # torchrun, 2 GPUs: + nccl, smfree
+    python -m benchmarks run fig10 --smoke  # 2 gloo ranks on the CPU: nccl, smfree
 
-``--device cpu`` (gloo ranks; ``nccl`` then names torch.distributed's own
-AllToAll) checks the script end to end; its times say nothing about a GPU.
+On the CPU (``nccl`` then names torch.distributed's own AllToAll on gloo) the
+run checks the plumbing; its times say nothing about a GPU.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
-import sys
 import threading
 import time
 from collections.abc import Callable
-from datetime import date
-from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
+
+from .runner import Ctx, Result
+from .scenario import Scenario
 
 Fn = Callable[[], None]
 DEVICE = "cuda"  # --device
@@ -214,7 +212,7 @@ def _make_copy_kernel():  # Triton only when the smcopy background is used
     return copy
 
 
-def measure(fg: Fn, make_bg: Callable[[], Enqueued | Looped] | None, reps: int) -> dict:
+def time_fg(fg: Fn, make_bg: Callable[[], Enqueued | Looped] | None, reps: int) -> dict:
     if make_bg is None:
         return {"ms": time_ms(fg, reps), "overlapped": True}
     bg = make_bg()
@@ -240,22 +238,16 @@ def round_ms(kind: str, nbytes: int, channels: int) -> float:
     return a.elapsed_time(b) / 4
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--backgrounds", default="host,smcopy")
-    p.add_argument("--uih", default="1000,4000,21000")
-    p.add_argument("--dims", default="128,512,1024")
-    p.add_argument("--tokens", type=int, default=64_000, help="attention tokens per call")
-    p.add_argument("--gemm", type=int, default=8192)
-    p.add_argument("--membound-bytes", type=int, default=1 << 30)
-    p.add_argument("--bytes", type=int, default=256 << 20, help="communication volume per round")
-    p.add_argument("--channels", type=int, default=32, help="programs of the SM copy")
-    p.add_argument("--reps", type=int, default=20)
-    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
-    p.add_argument("--out", default=f"benchmarks/results/interference-{date.today()}")
-    args = p.parse_args()
+DEFAULTS = {"backgrounds": ["host", "smcopy"], "uih": [1000, 4000, 21000],
+            "dims": [128, 512, 1024], "tokens": 64_000, "gemm": 8192,
+            "membound_bytes": 1 << 30, "bytes": 256 << 20, "channels": 32, "reps": 20}  # fmt: skip
+
+
+def measure(s: Scenario, ctx: Ctx) -> Result | None:
+    """Every foreground alone, beside each background, alone again; rank 0's rows."""
+    args = SimpleNamespace(**{**DEFAULTS, **s.params})
     global DEVICE
-    DEVICE = args.device
+    DEVICE = "cpu" if ctx.smoke or s.device == "cpu" else "cuda"
     world = 1
     if "RANK" in os.environ:
         if DEVICE == "cuda":
@@ -263,15 +255,15 @@ def main() -> int:
         dist.init_process_group("cpu:gloo,cuda:nccl" if DEVICE == "cuda" else "gloo")
         world = dist.get_world_size()
     fgs: dict[str, Fn] = {}
-    for uih in (int(x) for x in args.uih.split(",")):
-        for dim in (int(x) for x in args.dims.split(",")):
+    for uih in args.uih:
+        for dim in args.dims:
             fgs[f"attention fwd+bwd L={uih} d={dim}"] = attention(uih, dim, args.tokens)
     fgs[f"gemm bf16 {args.gemm}^3"] = gemm(args.gemm)
     fgs[f"membound {args.membound_bytes >> 20} MiB"] = membound(args.membound_bytes)
 
-    kinds = args.backgrounds.split(",")
+    kinds = list(args.backgrounds)
     if DEVICE == "cpu" and {"host", "smcopy"} & set(kinds):
-        raise SystemExit("backgrounds host and smcopy need CUDA; on --device cpu: nccl,smfree")
+        raise ValueError("backgrounds host and smcopy need CUDA; on the CPU: nccl, smfree")
     per_round = {k: round_ms(k, args.bytes, args.channels) for k in ("host", "smcopy")
                  if k in kinds}  # fmt: skip
     print(f"background round alone: {per_round} ms per {args.bytes >> 20} MiB", flush=True)
@@ -282,56 +274,31 @@ def main() -> int:
             iters = int(2 * (args.reps + 3) * fg_ms / per_round[kind]) + 4
             return lambda: Enqueued(kind, args.bytes, args.channels, iters)
         if world < 2:
-            raise SystemExit(f"background {kind!r} needs torchrun with 2+ GPUs")
+            raise ValueError(f"background {kind!r} needs 2+ ranks (launcher = torchrun)")
         return lambda: Looped(kind, args.bytes)
 
     rows = []
     for name, fg in fgs.items():
-        first = measure(fg, None, args.reps)
-        row = {"kernel": name}
+        first = time_fg(fg, None, args.reps)
+        row: dict = {"kernel": name}
         for kind in kinds:
-            row[kind] = measure(fg, background(kind, first["ms"]), args.reps)
+            row[kind] = time_fg(fg, background(kind, first["ms"]), args.reps)
         # Alone before and after the backgrounds: clocks and caches settle over a run.
-        again = measure(fg, None, args.reps)
-        row["alone"] = {"ms": (first["ms"] + again["ms"]) / 2, "overlapped": True,
-                        "before_ms": first["ms"], "after_ms": again["ms"]}  # fmt: skip
+        again = time_fg(fg, None, args.reps)
+        row["alone_ms"] = (first["ms"] + again["ms"]) / 2
+        for kind in kinds:
+            row[f"{kind}_ms"] = row[kind]["ms"]
+            row[f"{kind}_slowdown_pct"] = 100 * (row[kind]["ms"] / row["alone_ms"] - 1)
         rows.append(row)
-        base = row["alone"]["ms"]
-        cells = "  ".join(f"{k} {100 * (row[k]['ms'] / base - 1):+.1f}%" for k in kinds)
-        print(f"{name:40s} alone {base:8.3f} ms  {cells}", flush=True)
-    if world > 1 and dist.get_rank() != 0:
-        dist.destroy_process_group()
-        return 0
-    lines = [
-        "# Interference of overlapped communication with compute (Fig. 10)", "",
-        f"- date: {date.today()}",
-        f"- machine: {world} x {_device_name()}, torch {torch.__version__}",
-        f"- command: `python {' '.join(sys.argv)}`",
-        f"- background volume: {args.bytes >> 20} MiB per round; SM copy: {args.channels} "
-        "programs", "",
-        "| kernel | alone ms | " + " | ".join(f"with {k} ms (slowdown)" for k in kinds) + " |",
-        "|---|---|" + "---|" * len(kinds),
-    ]  # fmt: skip
-    for row in rows:
-        base = row["alone"]["ms"]
-        cells = [
-            f"{row[k]['ms']:.3f} ({100 * (row[k]['ms'] / base - 1):+.1f}%)"
-            + ("" if row[k]["overlapped"] else " ⚠ background ended early")
-            for k in kinds
-        ]
-        lines.append(f"| {row['kernel']} | {base:.3f} | " + " | ".join(cells) + " |")
-    Path(args.out).with_suffix(".md").write_text("\n".join(lines) + "\n")
-    result = {"benchmark": "interference", "world_size": world, "device": DEVICE, "rows": rows}
-    Path(args.out).with_suffix(".json").write_text(json.dumps(result, indent=1))
-    print(json.dumps(result))
+        cells = "  ".join(f"{k} {row[f'{k}_slowdown_pct']:+.1f}%" for k in kinds)
+        print(f"{name:40s} alone {row['alone_ms']:8.3f} ms  {cells}", flush=True)
+    leader = world == 1 or dist.get_rank() == 0
     if world > 1:
         dist.destroy_process_group()
-    return 0
-
-
-def _device_name() -> str:
-    return torch.cuda.get_device_name(0) if DEVICE == "cuda" else "CPU (gloo ranks)"
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    if not leader:
+        return None
+    early = [f"{r['kernel']} beside {k}" for r in rows for k in kinds if not r[k]["overlapped"]]
+    notes = [f"World size {world}; background volume {args.bytes >> 20} MiB per round; SM copy: "
+             f"{args.channels} programs. Slowdown = with background / alone - 1."]  # fmt: skip
+    notes += [f"Background ended before the foreground: {', '.join(early)}."] if early else []
+    return Result(rows, notes)

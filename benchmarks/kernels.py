@@ -20,34 +20,29 @@ minimum bytes each op must move (see the ``*_bytes`` helpers in
 `freescale.kernels`), and is compared with a measured device-to-device copy
 (``dst.copy_(src)`` of 1 GiB, read + write).
 
-    python benchmarks/kernels.py                          # one GPU, < 4 minutes
-    python benchmarks/kernels.py --ops dispatch_ids,dispatch_emb --dispatch-blocks sqrt
-                                                          # the previous dispatch blocks
-    python benchmarks/kernels.py --quick --device cpu     # seconds: torch vs eager only
+    python -m benchmarks run fig7              # one GPU, < 4 minutes
+    python -m benchmarks run kernels           # the guard: targets at W = 32, 512
+    python -m benchmarks run fig7 --smoke      # seconds on the CPU: torch vs eager only
+
+Parameters (``[params]``): ``quick``, ``world_sizes``, ``ops``, ``eager_budget``
+(s per eager timing), ``time_limit`` (s; no eager runs after it), ``targets``
+(the target names ``targets_met`` counts; default every one).
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime as dt
-import importlib.metadata
-import json
-import platform
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from freescale.jagged import ops  # noqa: E402
-from freescale.jagged.tensor import JaggedFeatures  # noqa: E402
-from freescale.kernels import (  # noqa: E402
+from freescale.jagged import ops
+from freescale.jagged.tensor import JaggedFeatures
+from freescale.kernels import (
     RowSharding,
     bucketize_by_shard,
     collision_split,
@@ -57,11 +52,14 @@ from freescale.kernels import (  # noqa: E402
     ranged_dispatch,
     ranged_dispatch_ids,
 )
-from freescale.kernels.collision import collision_bytes  # noqa: E402
-from freescale.kernels.combine import combine_bytes  # noqa: E402
-from freescale.kernels.dispatch import dispatch_bytes  # noqa: E402
-from freescale.kernels.permute import permute_bytes  # noqa: E402
-from freescale.kernels.shard import bucketize_bytes  # noqa: E402
+from freescale.kernels.collision import collision_bytes
+from freescale.kernels.combine import combine_bytes
+from freescale.kernels.dispatch import dispatch_bytes
+from freescale.kernels.permute import permute_bytes
+from freescale.kernels.shard import bucketize_bytes
+
+from .runner import Ctx, Result
+from .scenario import Scenario
 
 OPS = (
     "permute",
@@ -253,7 +251,7 @@ def copy_gbps(dev: str, quick: bool) -> float:
 
 
 # ---- run, report ------------------------------------------------------------
-def measure(case: Case, dev: str, args: argparse.Namespace, deadline: float) -> dict:
+def time_case(case: Case, dev: str, args: Any, deadline: float) -> dict:
     row: dict = {
         "op": case.op,
         "world_size": case.world_size,
@@ -308,14 +306,14 @@ def targets(rows: list[dict], copy: float) -> list[dict]:
     return out
 
 
-def dispatch_lines(rows: list[dict], copy: float, blocks: str) -> list[str]:
+def dispatch_lines(rows: list[dict], copy: float) -> list[str]:
     """One line per dispatch op and W: % of copy bandwidth and x torch (issue 18's
     targets: >= 50% and >= 2x at every W up to 512)."""
     out = []
     for r in rows:
         if r["op"].startswith("dispatch") and "triton_gbps" in r:
             out.append(
-                f"{r['op']} W={r['world_size']} ({blocks} blocks): "
+                f"{r['op']} W={r['world_size']} "
                 f"{100 * r['triton_gbps'] / copy:.1f}% of copy bandwidth, "
                 f"{r['torch_speedup']:.2f}x torch, GPU {fmt(r.get('triton_gpu_ms'))} ms "
                 f"of {r['triton_ms']:.3f} ms wall"
@@ -355,155 +353,53 @@ def table(rows: list[dict], copy: float) -> list[str]:
     return lines
 
 
-def machine(dev: str) -> dict:
-    info = {
-        "host": platform.node(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "cpu_count": torch.get_num_threads(),
-    }
-    try:
-        info["triton"] = importlib.metadata.version("triton")
-    except importlib.metadata.PackageNotFoundError:
-        info["triton"] = None
-    if dev == "cuda":
-        info["gpu"] = torch.cuda.get_device_name()
-        info["cuda"] = torch.version.cuda
-    else:
-        info["cpu"] = platform.processor() or platform.machine()
-    return info
+DEFAULTS = {"quick": False, "world_sizes": [8, 32, 128, 512], "ops": list(OPS),
+            "eager_budget": 2.0, "time_limit": 200.0, "targets": None}  # fmt: skip
 
 
-def report(path: Path, meta: dict, rows: list[dict], checks: list[dict]) -> None:
-    lines = [
-        f"# Jagged kernels benchmark ({meta['date']})",
-        "",
-        f"- command: `{meta['command']}`",
-        f"- machine: {json.dumps(meta['machine'])}",
-        f"- copy bandwidth (read + write): {meta['copy_gbps']:.0f} GB/s",
-        f"- per-rank load: {json.dumps(meta['sizes'])}",
-        f"- eager: repeated while under {meta['eager_budget']} s (at least 1, at most 5"
-        " calls; count in parentheses); `eager/fast` divides by Triton, or by torch"
-        " where Triton is not run",
-        "- triton GPU ms: kernel and copy time per call from the profiler; the wall time"
-        " (`triton ms`, `triton.testing.do_bench` median) above it is host launch overhead",
-        "",
-        *table(rows, meta["copy_gbps"]),
-        "",
-    ]
-    kernels = [r for r in rows if r.get("triton_kernels")]
-    if kernels:
-        lines += ["## Triton kernels per call (profiler)", "", "| op | W | kernel | GPU ms |",
-                  "|---|---|---|---|"]  # fmt: skip
-        lines += [
-            f"| {r['op']} | {r['world_size']} | `{name}` | {ms:.4f} |"
-            for r in kernels
-            for name, ms in r["triton_kernels"]
-        ]
-        lines.append("")
-    if checks:
-        lines += ["## Targets", "", "| op | W | target | value | pass |", "|---|---|---|---|---|"]
-        lines += [
-            f"| {c['op']} | {c['world_size']} | {c['target']} | {c['value']} |"
-            f" {'PASS' if c['pass'] else 'MISS'} |"
-            for c in checks
-        ]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines) + "\n")
-    payload = {**meta, "results": rows, "targets": checks}
-    path.with_suffix(".json").write_text(json.dumps(payload, indent=1) + "\n")
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    default_dev = "cuda" if torch.cuda.is_available() else "cpu"
-    p.add_argument("--device", choices=("cuda", "cpu"), default=default_dev)
-    p.add_argument("--quick", action="store_true", help="tiny sizes, torch vs eager, seconds")
-    p.add_argument("--world-sizes", default=None, help="comma-separated (default 8,32,128,512)")
-    p.add_argument("--ops", default=",".join(OPS), help=f"comma-separated subset of {OPS}")
-    p.add_argument("--eager-budget", type=float, default=2.0, help="seconds per eager timing")
-    p.add_argument("--time-limit", type=float, default=200.0, help="no eager runs after this")
-    p.add_argument("--out", default=None, help="markdown path (JSON written beside it)")
-    p.add_argument(
-        "--dispatch-blocks",
-        choices=("flat", "sqrt"),
-        default="flat",
-        help="ranged dispatch rows per program: flat (64 up to W=1024, the default) or "
-        "sqrt (the previous sqrt(32 W) rule), to compare the two",
+def measure(s: Scenario, ctx: Ctx) -> Result:
+    """Every op at every world size; targets per row (``targets_met``)."""
+    args = SimpleNamespace(**{**DEFAULTS, **s.params})
+    if unknown := set(args.ops) - set(OPS):
+        raise ValueError(f"unknown ops {sorted(unknown)}")
+    dev = (
+        "cuda" if s.device == "cuda" or (s.device == "any" and torch.cuda.is_available()) else "cpu"
     )
-    args = p.parse_args(argv)
-    if args.world_sizes is None:
-        args.world_sizes = "2,4" if args.quick else "8,32,128,512"
-    args.world_list = [int(w) for w in args.world_sizes.split(",")]
-    args.op_list = args.ops.split(",")
-    if unknown := set(args.op_list) - set(OPS):
-        p.error(f"unknown ops {sorted(unknown)}")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        p.error("--device cuda but CUDA is not available")
-    return args
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    start = time.perf_counter()
-    deadline = start + args.time_limit
-    dev, sizes = args.device, QUICK if args.quick else Sizes()
-    names = ("eager", "torch", "triton") if dev == "cuda" and not args.quick else ("eager", "torch")
-    if "triton" in names and args.dispatch_blocks == "sqrt":
-        from freescale.kernels import triton_dispatch
-
-        triton_dispatch.block_size = triton_dispatch.block_size_sqrt  # read at each launch
-    copy = copy_gbps(dev, args.quick)
+    quick = args.quick or ctx.smoke
+    deadline = time.perf_counter() + args.time_limit
+    sizes = QUICK if quick else Sizes()
+    names = ("eager", "torch", "triton") if dev == "cuda" and not quick else ("eager", "torch")
+    copy = copy_gbps(dev, quick)
     print(f"device {dev}, copy bandwidth {copy:.0f} GB/s, impls {names}", flush=True)
-    print(f"eager: timed while under {args.eager_budget} s per op (1 to 5 calls, count in"
-          f" parentheses); no eager runs after {args.time_limit} s", flush=True)  # fmt: skip
     rows = []
-    for w in args.world_list:
-        for op in args.op_list:
+    for w in args.world_sizes:
+        for op in args.ops:
             case = build(op, w, sizes, dev, names)
-            rows.append(measure(case, dev, args, deadline))
+            rows.append(time_case(case, dev, args, deadline))
             print("\n".join(table(rows[-1:], copy)[2:]), flush=True)
             del case
             if dev == "cuda":
                 torch.cuda.empty_cache()
     checks = targets(rows, copy)
-    date = dt.datetime.now().strftime("%Y-%m-%d")
-    out = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / f"kernels-{date}.md"
-    meta = {
-        "date": dt.datetime.now().isoformat(timespec="seconds"),
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "machine": machine(dev),
-        "device": dev,
-        "copy_gbps": copy,
-        "sizes": sizes.__dict__,
-        "eager_budget": args.eager_budget,
-        "dispatch_blocks": args.dispatch_blocks,
-        "seconds": round(time.perf_counter() - start, 1),
-    }
-    report(out, meta, rows, checks)
-    print("\n".join(table(rows, copy)))
-    for c in checks:
-        print(
-            f"target {c['op']} W={c['world_size']} {c['target']}: {c['value']}"
-            f" {'PASS' if c['pass'] else 'MISS'}"
-        )
-    for line in dispatch_lines(rows, copy, args.dispatch_blocks):
-        print(line)
-    summary = {
-        "benchmark": "kernels",
-        "device": dev,
-        "copy_gbps": round(copy, 1),
-        "seconds": meta["seconds"],
-        "report": str(out),
-        "targets_passed": sum(c["pass"] for c in checks),
-        "targets_total": len(checks),
-        "results": [
-            {k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()} for r in rows
-        ],
-    }
-    print(json.dumps(summary))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    guarded = set(args.targets or {c["target"] for c in checks})
+    for r in rows:
+        mine = [c["pass"] for c in checks if c["target"] in guarded
+                and (c["op"], c["world_size"]) == (r["op"], r["world_size"])]  # fmt: skip
+        r["targets_met"] = all(mine) if mine else None
+    sections = [
+        f"Copy bandwidth (read + write): {copy:.0f} GB/s; per-rank load: {sizes.__dict__}.",
+        f"Eager: repeated while under {args.eager_budget} s (1 to 5 calls); `eager/fast` divides"
+        " by Triton, or by torch where Triton is not run.", "",
+        *table(rows, copy), "",
+    ]  # fmt: skip
+    if checks:
+        sections += [
+            "## Targets",
+            "",
+            "| op | W | target | value | pass |",
+            "|---|---|---|---|---|",
+        ]
+        sections += [f"| {c['op']} | {c['world_size']} | {c['target']} | {c['value']} | "
+                     f"{'PASS' if c['pass'] else 'MISS'} |" for c in checks]  # fmt: skip
+    sections += ["", *dispatch_lines(rows, copy)]
+    return Result(rows, sections)

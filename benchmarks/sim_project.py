@@ -1,12 +1,11 @@
 """Projections of the calibrated simulator: Fig. 8(a–c) and Fig. 11 analogues (issue 16).
 
-    python benchmarks/sim_project.py --calibration benchmarks/results/sim-calibration-DATE.json \\
-        [--steps 30] [--out benchmarks/results/sim-projection-DATE]
+    python -m benchmarks run sim-project     # CPU, minutes; --smoke: seconds
 
-Writes ``<out>.json`` and ``<out>.png`` (matplotlib, the ``bench`` extra) and a
-markdown table ``<out>.md`` that starts with the validation error the
-calibration was checked with (read from the ``sim-validation`` JSON beside it):
-a projection is never quoted without it.
+Parameters: ``calibration`` (a calibration JSON, by default the one the
+``sim-validate`` scenario wrote), ``validation`` (that scenario's report, whose
+held-out errors head this report: a projection is never quoted without them),
+``steps``, ``worlds``. Writes the report and a plot (matplotlib, ``bench`` extra).
 
 - Fig. 8a: straggler % vs max UIH (2k–21k), W = 64, batch 128;
 - Fig. 8b: straggler % vs batch size (32–256), W = 64, max UIH 21k;
@@ -19,17 +18,20 @@ a projection is never quoted without it.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
 from freescale.cli.simulate_cmd import partitioner_assign
 from freescale.sim import LengthSpec, LinkModel, SimConfig, simulate, synthetic_features
 from freescale.sim.calibrate import PUBLISHED_LINKS, Calibration
+
+from . import report
+from .runner import Ctx, Result
+from .scenario import Scenario
 
 WORLDS = (8, 16, 32, 64, 128, 256, 512)
 SYSTEMS = (("sync", "none"), ("sdd", "none"), ("freescale", "fbs"))  # TorchRec, SDD, FreeScale
@@ -66,13 +68,15 @@ def noisier(cal: Calibration, k: float) -> Calibration:
     return dataclasses.replace(cal, compute=dataclasses.replace(cal.compute, jitter_sigma=sigma))
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--calibration", type=Path, required=True)
-    ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--out", type=Path, required=True)
-    args = ap.parse_args()
-    cal = Calibration.from_json(args.calibration.read_text())
+DEFAULTS = {"calibration": "benchmarks/results/sim-validate-calibration.json",
+            "validation": "benchmarks/results/sim-validate.jsonl", "steps": 30,
+            "worlds": list(WORLDS)}  # fmt: skip
+
+
+def measure(s: Scenario, ctx: Ctx) -> Result:
+    args = SimpleNamespace(**{**DEFAULTS, **s.params})
+    worlds = args.worlds
+    cal = Calibration.from_json((report.ROOT / args.calibration).read_text())
     # The fitted intra link is almost flat in volume (exposed AllToAll at W = 2 hardly
     # moves with MB, so β is not identified); project with at least NVLink's published β.
     nvlink = PUBLISHED_LINKS["nvlink-h100"]["link"]
@@ -81,30 +85,30 @@ def main() -> int:
     cache: dict = {}
     variants = {"calibrated": cal, "network 4x slower": slower(cal, 4.0),
                 "jitter x2": noisier(cal, 2.0)}  # fmt: skip
+    w64 = 64 if 64 in worlds else worlds[-1]
     out: dict = {"fig11": {}, "fig8a": [], "fig8b": []}
     for name, c in variants.items():
         out["fig11"][name] = [point(c, m, bal, w, 128, 21000, args.steps, cache)
-                              for m, bal in SYSTEMS for w in WORLDS]  # fmt: skip
+                              for m, bal in SYSTEMS for w in worlds]  # fmt: skip
         print(f"done {name}", file=sys.stderr)
     for m, bal in (("sync", "none"), ("freescale", "fbs")):
-        out["fig8a"] += [point(cal, m, bal, 64, 128, u, args.steps, cache)
+        out["fig8a"] += [point(cal, m, bal, w64, 128, u, args.steps, cache)
                          for u in (2000, 4000, 8000, 16000, 21000)]  # fmt: skip
-        out["fig8b"] += [point(cal, m, bal, 64, b, 21000, args.steps, cache)
+        out["fig8b"] += [point(cal, m, bal, w64, b, 21000, args.steps, cache)
                          for b in (32, 64, 128, 256)]  # fmt: skip
-    out["validation"] = validation_note(args.calibration)
-    args.out.with_suffix(".json").write_text(json.dumps(out, indent=1))
-    text = render(out, args)
-    args.out.with_suffix(".md").write_text(text)
-    print(text)
-    plot(out, args.out.with_suffix(".png"))
-    return 0
+    out["validation"] = validation_note(report.ROOT / args.validation)
+    rows = [{"figure": "11", "variant": v, **r} for v, rs in out["fig11"].items() for r in rs]
+    rows += [{"figure": f, "variant": "calibrated", **r} for f in ("8a", "8b")
+             for r in out[f"fig{f}"]]  # fmt: skip
+    png = ctx.out.with_suffix(".png")
+    plot(out, png)
+    return Result(rows, render(out), [png] if png.exists() else [])
 
 
-def validation_note(calibration: Path) -> str:
-    path = calibration.with_name(calibration.name.replace("sim-calibration", "sim-validation"))
+def validation_note(path: Path) -> str:
     if not path.exists():
-        return "NO validation report beside the calibration: do not quote these numbers"
-    rows = [r for r in json.loads(path.read_text())["rows"] if r["role"] == "held-out"]
+        return "NO validation report: do not quote these numbers"
+    rows = [r for r in report.read(path)[1] if r["role"] == "held-out"]
     step = np.array([abs(r["step_err_pct"]) for r in rows])
     strag = np.array([abs(r["straggler_err_pp"]) for r in rows])
     ok = sum(r["pass"] for r in rows)
@@ -116,11 +120,10 @@ def validation_note(calibration: Path) -> str:
             " is a published figure, not a measurement.")  # fmt: skip
 
 
-def render(out: dict, args) -> str:
+def render(out: dict) -> list[str]:
     lines = [
-        "# Simulator projections: Fig. 8(a–c), Fig. 11 analogues (NOT measurements)",
+        "Simulator projections, NOT measurements.",
         "",
-        f"- command: `python {' '.join(sys.argv)}`",
         f"- validation behind these numbers: {out['validation']}",
         "- intra link: the calibration's α with β = max(fitted, NVLink's published 1/450"
         " ms/MB); inter link: the calibration's (published) figure",
@@ -150,7 +153,7 @@ def render(out: dict, args) -> str:
             lines.append(f"| {a[key]} | {a['straggler_pct']:.2f} | {b['straggler_pct']:.2f}"
                          f" | {ratio:.1f}x |")  # fmt: skip
         lines.append("")
-    return "\n".join(lines)
+    return lines
 
 
 def plot(out: dict, path: Path) -> None:
@@ -194,7 +197,3 @@ def plot(out: dict, path: Path) -> None:
     fig.suptitle("Simulator projections (validated only at W <= 4; see the .md)")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

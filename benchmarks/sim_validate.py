@@ -1,13 +1,14 @@
 """Simulator validation: fit on some measured GPU runs, predict the others (issue 16).
 
-One command re-validates whenever new measured runs land in benchmarks/results:
+One command re-validates whenever new measured runs land:
 
-    python benchmarks/sim_validate.py [--results benchmarks/results] [--date YYYY-MM-DD]
+    python -m benchmarks run sim-validate
 
-It reads every per-step log ``benchmarks/results/*-steps/*.jsonl`` of a GPU run
-(CPU runs are listed and skipped), fits the calibration on the FIT runs below,
-predicts every other run with `freescale.sim.simulate`, and writes
-``sim-calibration-<date>.json`` and ``sim-validation-<date>.{md,json}``.
+It reads every per-step log ``*-steps/*.jsonl`` of a GPU run in the step
+archives named by ``steps`` (packed per GPU session; CPU runs are listed and
+skipped), fits the calibration on the FIT runs below, predicts every other
+run with `freescale.sim.simulate`, and writes the report and
+``sim-validate-calibration.json`` beside it (the ``sim-project`` input).
 
 Per-rank features: a run's logged ``rank_features`` when present, else rebuilt
 from the synthetic data (a pure function of the sample index; checked against
@@ -25,12 +26,10 @@ W = 1 fixed part; inter-node from the paper's published figure (labelled).
 
 from __future__ import annotations
 
-import argparse
-import json
 import re
-import sys
-from datetime import date
+import tarfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -58,6 +57,10 @@ from freescale.sim.calibrate import (
 )
 from freescale.sim.timeline import CATEGORIES
 from freescale.sim.workload import StepLengths, rank_features
+
+from . import report
+from .runner import Ctx, Result
+from .scenario import Scenario
 
 FIT = (
     "data-wait-1xH200-2026-12-01-final-steps/delay0.jsonl",
@@ -172,11 +175,11 @@ def sim_config(cal: Calibration, p: dict, rows: list[dict]) -> SimConfig:
     )  # fmt: skip
 
 
-def calibrate(runs: dict[str, dict], results: Path) -> Calibration:
+def calibrate(runs: dict[str, dict], bandwidth: Path) -> Calibration:
     fit = [runs[name] for name in FIT]
     measured = [MeasuredRun(r["rows"], r["feats"], r["p"]["balance"] != "none") for r in fit]
     cal = fit_runs(measured, PUBLISHED_LINKS["ib-paper"]["link"], EMB_DIM * EMB_BYTES)
-    bw = (results / "comm-bandwidth-1xH200-2proc-2026-12-01.md").read_text()
+    bw = bandwidth.read_text()
     cal.host = {b: link_from_bandwidth(bw, "all_to_all", b) for b in ("smfree-shm", "smfree-gloo")}
     cal.sources = {
         "compute": "fit on " + ", ".join(FIT),
@@ -185,7 +188,7 @@ def calibrate(runs: dict[str, dict], results: Path) -> Calibration:
         "inter": "PUBLISHED, not measured: " + PUBLISHED_LINKS["ib-paper"]["source"],
         "fixed_ms": "W=1 FIT runs' mean exposed time per category (collective code path)",
         "fixed_ms_balanced": "as fixed_ms; meta = the 2-GPU FIT fbs run's balancer + meta",
-        "host": "comm-bandwidth-1xH200-2proc-2026-12-01.md all_to_all, >= 1 MB messages "
+        "host": f"{bandwidth.name} all_to_all, >= 1 MB messages "
         "(host-staged smfree paths; not used by the NCCL runs validated here)",
     }
     return cal
@@ -235,12 +238,17 @@ def load_runs(results: Path) -> tuple[dict[str, dict], list[str]]:
     return runs, skipped
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--results", type=Path, default=Path("benchmarks/results"))
-    ap.add_argument("--date", default=date.today().isoformat())
-    args = ap.parse_args()
-    runs, skipped = load_runs(args.results)
+DEFAULTS = {"steps": ["benchmarks/results/steps-2026-11-29.tgz",
+                      "benchmarks/results/steps-2026-12-01.tgz"],
+            "bandwidth": "benchmarks/results/comm-bandwidth.md"}  # fmt: skip
+
+
+def measure(s: Scenario, ctx: Ctx) -> Result:
+    args = SimpleNamespace(**{**DEFAULTS, **s.params})
+    for archive in args.steps:
+        with tarfile.open(report.ROOT / archive) as tar:
+            tar.extractall(ctx.raw, filter="data")
+    runs, skipped = load_runs(ctx.raw)
     lengths = Lengths()
     for name in FIT:  # FIT first: their plans need no model
         r = runs[name]
@@ -248,7 +256,7 @@ def main() -> int:
         r["feats"], r["how"] = (logged, "logged") if logged is not None else rebuild(
             r["rows"], r["p"], lengths, None)  # fmt: skip
         r["measured"] = measured_summary(r["rows"])
-    cal = calibrate(runs, args.results)
+    cal = calibrate(runs, report.ROOT / args.bandwidth)
     table = []
     for name, r in runs.items():
         if "feats" not in r:
@@ -260,20 +268,103 @@ def main() -> int:
         table.append({"run": name, "role": "fit" if name in FIT else "held-out", **r["p"],
                       "features": r["how"], "steps": len(r["rows"]), "measured": r["measured"],
                       "predicted": pred, **compare(r, pred)})  # fmt: skip
-    write(args, cal, table, skipped)
-    return 0
+    calibration = ctx.out.with_name(f"{ctx.out.name}-calibration.json")
+    calibration.write_text(cal.to_json() + "\n")
+    return Result(table, render(table, skipped, cal), [calibration])
 
 
-def write(args, cal: Calibration, table: list[dict], skipped: list[str]) -> None:
-    from sim_validate_report import render  # benchmarks/ is on the script's path
-
-    stem = args.results / f"sim-validation-{args.date}"
-    (args.results / f"sim-calibration-{args.date}.json").write_text(cal.to_json() + "\n")
-    stem.with_suffix(".json").write_text(json.dumps({"rows": table, "skipped": skipped}, indent=1))
-    text = render(table, skipped, cal, " ".join(sys.argv), args.date)
-    stem.with_suffix(".md").write_text(text)
-    print(text)
+def _f(v: float, nd: int = 2) -> str:
+    return f"{v:.{nd}f}"
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def render(table: list[dict], skipped: list[str], cal) -> list[str]:
+    m = cal.compute
+    lines = [
+        "Predicted vs measured (held-out GPU runs). The simulator runs on the CPU; the"
+        " measurements are the H200 runs named below.",
+        "",
+        "- targets (issue 16): step time within 10 %, straggler % within 1.5 pp",
+        "- step = mean compute + mean exposed (all categories) + data wait, measured and"
+        " predicted alike; `meta` = count all-reduce + balancer (+ the forward barrier's wait)",
+        "",
+        "## Calibration",
+        "",
+        "| part | value | source |",
+        "|---|---|---|",
+        f"| compute a, s, b, c, d, e | {m.a:.3g} ms, {m.s:.3g}, {m.b:.3g}, {m.c:.3g}, {m.d:.3g},"
+        f" {m.e:.3g} | {cal.sources['compute']} |",
+        f"| jitter σ (per rank-step, lognormal) | {m.jitter_sigma:.4f} | residuals of that fit |",
+        f"| intra-node link | α {cal.intra.alpha_ms:.4f} ms, β {cal.intra.beta_ms_per_mb:.5f}"
+        f" ms/MB | {cal.sources['intra']} |",
+        f"| inter-node link | α {cal.inter.alpha_ms:.4f} ms, β {cal.inter.beta_ms_per_mb:.5f}"
+        f" ms/MB | {cal.sources['inter']} |",
+        "| fixed exposed ms, unbalanced | "
+        + ", ".join(f"{k} {v:.3f}" for k, v in cal.fixed_ms.items())
+        + f" | {cal.sources['fixed_ms']} |",
+        "| fixed exposed ms, balanced | "
+        + ", ".join(f"{k} {v:.3f}" for k, v in cal.fixed_ms_balanced.items())
+        + f" | {cal.sources['fixed_ms_balanced']} |",
+    ]
+    for name, link in cal.host.items():
+        lines.append(
+            f"| host tier {name} | α {link.alpha_ms:.3f} ms, β {link.beta_ms_per_mb:.4f} ms/MB"
+            f" | {cal.sources['host']} |"
+        )
+    lines += [
+        "",
+        "## Step time, straggler %, QPS",
+        "",
+        "| run | role | W | B | max UIH | mode | balance | features | steps | step ms meas"
+        " | pred | err % | straggler % meas | pred | err pp | QPS err %"
+        " | largest term (pred − meas) | within target |",
+        "|---" * 18 + "|",
+    ]
+    for r in table:
+        ms, pr = r["measured"], r["predicted"]
+        lines.append(
+            f"| {r['run']} | {r['role']} | {r['W']} | {r['B']} | {r['max_uih']} | {r['mode']}"
+            f" | {r['balance']} | {r['features']} | {r['steps']} | {_f(ms['step_ms'])}"
+            f" | {_f(pr['step_ms'])} | {r['step_err_pct']:+.1f} | {_f(ms['straggler_pct'])}"
+            f" | {_f(pr['straggler_pct'])} | {r['straggler_err_pp']:+.2f} | {r['qps_err_pct']:+.1f}"
+            f" | {r['largest_term']} | {'yes' if r['pass'] else 'NO'} |"
+        )
+    lines += [
+        "",
+        "## Exposed communication per category, ms (measured → predicted), and data wait",
+        "",
+        "| run | compute | " + " | ".join(CATEGORIES) + " | data wait (not modelled) |",
+        "|---" * (len(CATEGORIES) + 3) + "|",
+    ]
+    for r in table:
+        ms, pr = r["measured"], r["predicted"]
+        cells = [f"{_f(ms[f'{c}_ms'])} → {_f(pr[f'{c}_ms'])}" for c in CATEGORIES]
+        lines.append(
+            f"| {r['run']} | {_f(ms['compute_ms'])} → {_f(pr['compute_ms'])} | "
+            + " | ".join(cells)
+            + f" | {_f(ms['data_wait_ms'])} |"
+        )
+    held = [r for r in table if r["role"] == "held-out"]
+    if held:
+        step_err = np.array([abs(r["step_err_pct"]) for r in held])
+        strag_err = np.array([abs(r["straggler_err_pp"]) for r in held])
+        lines += [
+            "",
+            "## Summary (held-out runs only)",
+            "",
+            f"- {sum(r['pass'] for r in held)} of {len(held)} held-out runs within both targets;"
+            f" step time within 10 %: {int((step_err <= 10).sum())}; straggler within 1.5 pp:"
+            f" {int((strag_err <= 1.5).sum())}",
+            f"- |step error| median {np.median(step_err):.1f} %, max {step_err.max():.1f} %;"
+            f" |straggler error| median {np.median(strag_err):.2f} pp,"
+            f" max {strag_err.max():.2f} pp",
+        ]
+        by_w = sorted({r["W"] for r in held})
+        for w in by_w:
+            sub = [r for r in held if r["W"] == w]
+            lines.append(
+                f"- W = {w}: {sum(r['pass'] for r in sub)}/{len(sub)} within targets; mean step"
+                f" error {np.mean([r['step_err_pct'] for r in sub]):+.1f} %, mean straggler error"
+                f" {np.mean([r['straggler_err_pp'] for r in sub]):+.2f} pp"
+            )
+    lines += ["", "## Not validated (skipped)", ""] + [f"- {s}" for s in skipped]
+    return lines
