@@ -164,7 +164,8 @@ def _plan(dest: np.ndarray, world_size: int, equal: bool) -> Plan:
 def refine_budget(world_size: int) -> int:
     """Pair searches the refinement may make: W / 8 within [8, 64]. One search is
     O(B log B) for B samples per rank, ~50 µs at B = 128, so this keeps the
-    refinement near 3 ms at W = 512 and 0.4 ms at W = 8 (benchmarks/partition.py)."""
+    refinement near 3 ms at W = 512 and 0.4 ms at W = 8 (measured with
+    benchmarks/partition.py, removed after aca6152)."""
     return min(64, max(8, world_size // 8))
 
 

@@ -15,7 +15,8 @@ mean, or after ``budget`` pair searches.
 The budget is a count, never a time: a wall-clock budget would make the plan
 depend on each rank's speed, and every rank must compute the same plan. The
 caller derives it from W (one step is O(B log B) for B samples per rank, tens
-of microseconds), and the calibration is in benchmarks/partition.py.
+of microseconds); it was calibrated with benchmarks/partition.py (removed after
+aca6152).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """``freescale calibrate``: fit the simulator's calibration from step JSON logs.
 
     freescale calibrate RUN.jsonl [...] [--warmup 10] [--balanced RUN.jsonl ...]
-        [--bandwidth benchmarks/results/comm-bandwidth-....md] [--inter ib-paper]
+        [--bandwidth benchmarks/results/comm-bandwidth.md] [--inter ib-paper]
         --out calibration.json
 
 Each log must carry ``rank_features`` (builds from 10827f2 on); older logs

@@ -5,7 +5,7 @@ The simulator (`freescale.sim`, layer 2) takes balancing as an injected
 callable; this command (layer 4) wires the real partitioners into it.
 
 Default compute coefficients: the `CostModel` fit of
-benchmarks/results/cost-model-check-2026-12-01.md on the 2 × H200 h200-21k
+`git show aca6152:benchmarks/results/cost-model-check-2026-12-01.md` on the 2 × H200 h200-21k
 ``balance=none`` run (scaling-21k-2xH200-2026-11-29T2050): a = 15.58 ms,
 0.1217 ms/sample, 7.376e-5 ms/token, 2.074e-8 ms/token². Link defaults are
 placeholders, NOT calibrated. With ``--calibration FILE`` every model

@@ -80,7 +80,7 @@ class GlooTransport:
             pending.append(("send to", peer, work, None, None))
         # Completed gloo p2p works are dropped only now, after the next round is
         # posted: dropping them right after wait() cost ~3 ms per round on
-        # torch 2.13 CPU (measured; benchmarks/comm_bandwidth.py).
+        # torch 2.13 CPU (measured; benchmarks/comm.py).
         self._previous = [work for _, _, work, _, _ in pending]
         return pending
 

@@ -197,11 +197,6 @@ def block_size(world_size: int) -> int:
     return min(1024, max(64, triton.next_power_of_2(math.isqrt(4 * world_size))))
 
 
-def block_size_sqrt(world_size: int) -> int:
-    """The previous rule (``sqrt(32 W)``: 128 rows at W = 512), kept for benchmarks."""
-    return min(1024, max(64, triton.next_power_of_2(math.isqrt(32 * world_size))))
-
-
 def _dispatch(
     src: Tensor,
     mode: int,

@@ -2,12 +2,12 @@
 
 Inputs are what the trainer and the benchmarks already write:
 
-- step JSON lines (``--metrics-jsonl`` of ``freescale train``, the ``-steps/``
-  folders of benchmarks/results): per step ``compute_ms`` per rank, the exposed
+- step JSON lines (``--metrics-jsonl`` of ``freescale train``, the step-log
+  archives ``benchmarks/results/steps-*.tgz``): per step ``compute_ms`` per rank, the exposed
   communication per category (mean over ranks), ``step_ms``, ``items`` and, on
   builds from 10827f2 on, ``rank_features`` (``[W][5]`` summed features of
   every rank's batch as trained);
-- the communicator microbenchmark tables of benchmarks/comm_bandwidth.py
+- the communicator microbenchmark tables of benchmarks/comm.py
   (latency per message size and backend).
 
 What is fitted, and how:
@@ -150,7 +150,7 @@ _UNIT = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
 
 def read_bandwidth_tables(text: str) -> dict[tuple[str, str], list[tuple[float, float]]]:
     """``{(op, backend): [(MB per rank, latency ms), ...]}`` from the markdown of
-    benchmarks/comm_bandwidth.py (sections ``## <op>: latency us / ...``)."""
+    benchmarks/comm.py (sections ``## <op>: latency us / ...``)."""
     out: dict[tuple[str, str], list[tuple[float, float]]] = {}
     op, backends = None, []
     for line in text.splitlines():

@@ -165,10 +165,9 @@ def test_dispatch_block_does_not_grow_with_world_size_up_to_1024(triton_device):
     """Compares cost O(BLOCK) per row: the block stays at 64 rows for every W the
     paper runs; beyond W = 1024 it grows like sqrt(W) so the W x blocks histogram
     stays smaller than the rows."""
-    from freescale.kernels.triton_dispatch import block_size, block_size_sqrt
+    from freescale.kernels.triton_dispatch import block_size
 
     assert {block_size(w) for w in (1, 8, 32, 128, 256, 512, 1024)} == {64}
-    assert block_size_sqrt(512) == 128  # the previous rule, kept for benchmarks
     sizes = [block_size(w) for w in (1025, 2048, 4096, 16384, 2**20)]
     assert sizes == sorted(sizes) and sizes[-1] == 1024 and sizes[2] == 128
 
