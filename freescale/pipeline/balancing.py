@@ -31,11 +31,11 @@ from freescale.pipeline.loader import BatchInfo
 LOOKAHEAD = 2
 
 
-def balance_partitioner(cfg: Any) -> str | CostPartitioner:
-    """The partitioner a `TrainConfig` asks for (``balance`` + ``balance_counts``)."""
-    if cfg.balance == "cost" and cfg.balance_counts == "variable":
-        return CostPartitioner("variable", cfg.max_local_batch or 2 * cfg.batch_size)
-    return cfg.balance
+def balance_partitioner(section: Any, batch_size: int) -> str | CostPartitioner:
+    """The partitioner the ``balance`` section asks for (``method`` + ``counts``)."""
+    if section.method == "cost" and section.counts == "variable":
+        return CostPartitioner("variable", section.max_local_batch or 2 * batch_size)
+    return section.method
 
 
 class BalanceStage:

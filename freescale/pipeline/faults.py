@@ -61,3 +61,15 @@ def _cycles_per_ms() -> float:
     end.record()
     end.synchronize()
     return n / start.elapsed_time(end)
+
+
+class LossFault:
+    """``faults.nan_steps`` / ``nan_ranks``: this rank's loss is made NaN at
+    those steps (it checks the non-finite guard end to end)."""
+
+    def __init__(self, steps_text: str, ranks_text: str, rank: int) -> None:
+        steps = parse_ranks(steps_text) or set()
+        self.steps = steps if applies(ranks_text, rank) else set()
+
+    def __call__(self, step: int, loss: torch.Tensor) -> torch.Tensor:
+        return loss * float("nan") if step in self.steps else loss
