@@ -21,8 +21,8 @@ import torch
 
 from freescale.jagged.ops import lengths_to_offsets
 from freescale.models.attention import attention_layout, segments
-from freescale.models.graphs import BlockGraphs, PaddedBlocks, bucket, padded_inputs
 from freescale.models.sequence import Block, ModelConfig
+from freescale.pipeline.graphs import BlockGraphs, PaddedBlocks, bucket, padded_inputs
 
 
 def timed(fn, reps: int) -> float:

@@ -69,19 +69,19 @@ def instrument(trainer: Trainer) -> None:
     for i, block in enumerate(model.blocks):
         block.forward = labelled(f"fwd/block{i}", block.forward)
     model.head.forward = labelled("fwd/head", model.head.forward)
-    model.attention_layouts = labelled("fwd/layout", model.attention_layouts)
+    model.blocks.layouts = labelled("fwd/layout", model.blocks.layouts)
     model.item_emb.forward = labelled("fwd/embedding", model.item_emb.forward)
     model._pool_content = labelled("fwd/pool_content", model._pool_content)
     model.forward = labelled("fwd/model(other)", model.forward)
-    t.dense.ddp.forward = labelled("fwd/ddp", t.dense.ddp.forward)
+    t.dense.sync.ddp.forward = labelled("fwd/ddp", t.dense.sync.ddp.forward)
     t.schedule.upcoming = labelled("upcoming(next batch)", t.schedule.upcoming)
     t.schedule.after_forward = labelled("after_forward", t.schedule.after_forward)
     t.schedule.global_count = labelled("global_count", t.schedule.global_count)
     t.schedule.collision_counts = labelled("collision_counts", t.schedule.collision_counts)
-    t.guard.begin_step = labelled("guard.begin_step", t.guard.begin_step)
+    t.sparse.guard.begin_step = labelled("guard.begin_step", t.sparse.guard.begin_step)
     t.optimizer.step = labelled("optimizer.step", t.optimizer.step)
     t.optimizer.zero_grad = labelled("optimizer.zero_grad", t.optimizer.zero_grad)
-    t._finish_step = labelled("metrics.finish(step-1)", t._finish_step)
+    t._finish = labelled("metrics.finish(step-1)", t._finish)
     t._train_step = labelled("train_step(other)", t._train_step)
     # Module-level functions the trainer, the model and the collection call by name.
     for module, name, label in (
@@ -184,15 +184,14 @@ def count_ops(mode: str, steps: int, warm: int, overrides: list[str]) -> dict[st
     dist.init_process_group("gloo", rank=0, world_size=1)
     try:
         label_sections()
-        trainer = Trainer(cfg)
-        instrument(trainer)
         done: list[Any] = []
         prof = torch.profiler.profile(
             activities=[torch.profiler.ProfilerActivity.CPU],
             schedule=torch.profiler.schedule(wait=warm, warmup=1, active=steps, repeat=1),
             on_trace_ready=done.append,
         )
-        trainer._profiler = lambda: (prof.start(), prof)[1]  # type: ignore[method-assign]
+        trainer = Trainer(cfg, profiler=prof)
+        instrument(trainer)
         trainer.run()
     finally:
         dist.destroy_process_group()

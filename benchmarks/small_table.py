@@ -16,9 +16,9 @@ import sys
 
 import torch
 
+from freescale.kernels.linear import Linear
 from freescale.kernels.small_table import column_sums, small_table_grad
 from freescale.kernels.triton_common import bench_ms
-from freescale.models.linear import Linear
 
 
 def row(name: str, shape: str, nbytes: int, ours: float, torch_ms: float) -> list[str]:

@@ -38,6 +38,21 @@ def balance_partitioner(section: Any, batch_size: int) -> str | CostPartitioner:
     return section.method
 
 
+def balance_stage(
+    section: Any, run: Any, comm: TorchCommunicator, timer: Any, device: Any
+) -> BalanceStage | None:
+    """The ``balance`` section's stage (None for ``method=none``); ``run``: the
+    run section (batch size, determinism, timeout)."""
+    if section.method == "none":
+        return None
+    plan = section.plan_process
+    in_process = plan == "on" or (plan == "auto" and device.type == "cuda")
+    return BalanceStage(
+        balance_partitioner(section, run.batch_size), comm, run.batch_size, timer.section,
+        in_process, adaptive=not run.deterministic, timeout_s=run.timeout_s,
+    )  # fmt: skip
+
+
 class BalanceStage:
     def __init__(
         self,

@@ -327,6 +327,19 @@ class TrainConfig:
                 f"balance.max_local_batch must be 0 or >= run.batch_size ({self.run.batch_size})"
             )
 
+    def __getattr__(self, name: str) -> Any:
+        """An old flat key read as an attribute (``cfg.batch_size``): its
+        section's value, with a DeprecationWarning (one release)."""
+        path = ALIASES.get(name) if not name.startswith("_") else None
+        if path is None:
+            raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+        warnings.warn(notice_text(name, path), DeprecationWarning, stacklevel=2)
+        section, _, key = path.partition(".")
+        values = getattr(self, section)
+        if section == "model" and key != "options":
+            return values.options.get(key)
+        return getattr(values, key)
+
     def as_dict(self) -> dict[str, Any]:
         """``{section: {key: value}}`` (what manifests and --print-config hold)."""
         out = {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}

@@ -11,6 +11,7 @@ must show the first as straggler time and the second as data wait.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import torch
 
@@ -73,3 +74,15 @@ class LossFault:
 
     def __call__(self, step: int, loss: torch.Tensor) -> torch.Tensor:
         return loss * float("nan") if step in self.steps else loss
+
+
+class Faults:
+    """The ``faults`` section on this rank: ``delay_compute()``, ``delay_loader_ms``
+    and ``loss(step, loss)`` (NaN at ``nan_steps``); the non-finite policy is
+    `freescale.pipeline.dense`'s."""
+
+    def __init__(self, section: Any, rank: int, device: torch.device) -> None:
+        delayed = applies(section.delay_ranks, rank)
+        self.delay_compute = ComputeDelay(section.delay_compute_ms if delayed else 0.0, device)
+        self.delay_loader_ms = section.delay_loader_ms if delayed else 0.0
+        self.loss = LossFault(section.nan_steps, section.nan_ranks, rank)

@@ -39,9 +39,10 @@ import torch.multiprocessing as mp
 
 from freescale.pipeline.checks import check_launch
 from freescale.pipeline.config import TrainConfig
+from freescale.pipeline.export import full_state_dict
 from freescale.pipeline.liveness import EXIT_STOPPED, die_with_parent, was_stopped
 from freescale.pipeline.nonfinite import NonFiniteError
-from freescale.pipeline.train import run_rank
+from freescale.pipeline.train import Trainer
 
 
 class RunFailed(RuntimeError):
@@ -265,3 +266,29 @@ def _run_initialized(
         return run_rank(cfg, job.model, job.data, job.state_dict)
     finally:
         dist.destroy_process_group()
+
+
+def run_rank(
+    cfg: TrainConfig, model: Any = None, data: Any = None, state_dict: bool | None = None
+) -> dict[str, Any] | None:
+    """Train on this rank (process group initialized); rank 0 returns the summary
+    (with ``state_dict`` not None, the Python API's result: `freescale.api`).
+
+    A collective that timed out is re-raised naming the stuck rank(s).
+    """
+    trainer = Trainer(cfg, model, data)
+    try:
+        summary = trainer.run()
+        if state_dict is None:
+            return summary
+        state = None
+        if state_dict:  # a collective: every rank gathers
+            state = full_state_dict(trainer.model, trainer.embeddings, trainer.sparse.swapped)
+        if trainer.rank != 0:
+            return None
+        return {"summary": summary, "steps": trainer.summary.steps, "state_dict": state}
+    except RuntimeError as e:
+        explained = trainer.liveness.explain_timeout(e)
+        if explained is None:
+            raise
+        raise RuntimeError(explained) from e

@@ -17,7 +17,7 @@ from freescale.data.source import BUILTIN_KINDS, DataSource, open_source, schema
 from freescale.data.synthetic import SyntheticConfig
 from freescale.jagged.schema import DataSchema
 from freescale.models.contract import check_model, load_object
-from freescale.pipeline.config import DataSection, ModelSection, RunSection
+from freescale.pipeline.config import DataSection, ModelSection, RunSection, TrainConfig
 
 
 def pick_device(run: RunSection) -> torch.device:
@@ -43,8 +43,11 @@ def seed_everything(run: RunSection) -> None:
         torch.use_deterministic_algorithms(True, warn_only=True)
 
 
-def make_source(data: DataSection, seed: int) -> DataSource:
-    """The run's data source, from its section (``seed``: the run's)."""
+def make_source(data: DataSection | TrainConfig, seed: int = 0) -> DataSource:
+    """The run's data source, from its section (``seed``: the run's; a whole
+    config gives both)."""
+    if isinstance(data, TrainConfig):
+        data, seed = data.data, data.run.seed
     kind = data.source.partition(":")[0]
     if kind not in BUILTIN_KINDS:  # package.module:factory
         source = load_object(data.source, "data")(**data.options)

@@ -25,12 +25,11 @@ from freescale.data.source import DataSource, schema_of
 from freescale.jagged.batch import SampleBatch
 from freescale.models.contract import has_default_loss
 from freescale.models.loss import bce_loss_and_sum, bce_total
-from freescale.pipeline.balancing import BalanceStage, Feed, balance_partitioner, host_lengths
+from freescale.pipeline.balancing import Feed, balance_stage, host_lengths
 from freescale.pipeline.config import TrainConfig
 from freescale.pipeline.dense import DenseTraining
 from freescale.pipeline.evaluator import Evaluator
-from freescale.pipeline.export import full_state_dict
-from freescale.pipeline.faults import ComputeDelay, LossFault, applies
+from freescale.pipeline.faults import Faults
 from freescale.pipeline.inputs import InputAgreement, Limits, find_problem
 from freescale.pipeline.liveness import Liveness, gloo_group
 from freescale.pipeline.loader import BatchInfo, Prefetcher, default_workers
@@ -47,9 +46,16 @@ from freescale.pipeline.timing import SectionTimer
 class Trainer:
     """One rank's training run of ``cfg``; ``model`` (an ``nn.Module`` or a
     factory, `freescale.models.contract`) and ``data`` (a `DataSource`)
-    replace ``cfg.model`` / ``cfg.data`` when given."""
+    replace ``cfg.model`` / ``cfg.data`` when given; ``profiler``: a torch
+    profiler (not started) replacing the one ``cfg.output`` asks for."""
 
-    def __init__(self, cfg: TrainConfig, model: Any = None, data: DataSource | None = None) -> None:
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        model: Any = None,
+        data: DataSource | None = None,
+        profiler: Any = None,
+    ) -> None:
         self.cfg, run = cfg, cfg.run
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.device = device = pick_device(run)
@@ -68,17 +74,8 @@ class Trainer:
         self.dense = DenseTraining(
             self.model, cfg.dense, cfg.faults, self.sparse.guard, device, self.timer
         )
-        self.optimizer = self.dense.optimizer
-        self.default_loss = has_default_loss(self.model)
-        self.balance = None
-        if cfg.balance.method != "none":
-            plan = cfg.balance.plan_process
-            in_process = plan == "on" or (plan == "auto" and device.type == "cuda")
-            self.balance = BalanceStage(
-                balance_partitioner(cfg.balance, run.batch_size), self.sparse.overlap_comm,
-                run.batch_size, self.timer.section, in_process,
-                adaptive=not run.deterministic, timeout_s=run.timeout_s,
-            )  # fmt: skip
+        self.optimizer, self.default_loss = self.dense.optimizer, has_default_loss(self.model)
+        self.balance = balance_stage(cfg.balance, run, self.sparse.overlap_comm, self.timer, device)
         # Metrics travel over gloo: gathering them never waits for the GPU.
         group = gloo_group(run.timeout_s) if self.world > 1 else None
         self.metrics = StepMetrics(
@@ -88,28 +85,19 @@ class Trainer:
         self.summary = self.metrics.summary
         self.liveness = Liveness(self.rank, self.world, run.timeout_s)
         self.inputs = InputAgreement(group, self.rank, self.world, Limits.of(self.schema))
-        replicated: dict[str, Any] = {
-            "model": DenseState(self.model, self.embeddings),
-            "optimizer": self.optimizer,
-        }
-        if self.balance is not None:
-            replicated["balancer"] = self.balance
+        replicated = {"model": DenseState(self.model, self.embeddings), "optimizer": self.optimizer}
         self.state = RunState(
             cfg.checkpoint, cfg.as_dict(), group, self.world, run.batch_size,
-            self.sparse.table_entries, replicated, self.schedule.flush,
+            self.sparse.table_entries,
+            {**replicated, "balancer": self.balance} if self.balance else replicated,
+            self.schedule.flush,
         )  # fmt: skip
         self.evaluator = Evaluator(
             cfg.evaluation, self.model, self.source, self.embeddings, self.schedule,
             self.rank, self.world, run.batch_size, device,
         )  # fmt: skip
-        faults, delayed = cfg.faults, applies(cfg.faults.delay_ranks, self.rank)
-        self.delay_compute = ComputeDelay(faults.delay_compute_ms if delayed else 0.0, device)
-        self.delay_loader_ms = faults.delay_loader_ms if delayed else 0.0
-        self.loss_fault = LossFault(faults.nan_steps, faults.nan_ranks, self.rank)
-
-    @property
-    def schedule_name(self) -> str:
-        return self.sparse.schedule_name
+        self.faults = Faults(cfg.faults, self.rank, device)
+        self.profiler, self.schedule_name = profiler, self.sparse.schedule_name
 
     def dense_state_dict(self) -> dict[str, Tensor]:
         """The model's state without the sharded tables (no collective)."""
@@ -124,7 +112,7 @@ class Trainer:
         batch = batch.with_max_lengths(info.max_uih, info.max_candidates)
         with self.embeddings.serving(features):
             logits = self.dense.forward(batch)
-        self.delay_compute()
+        self.faults.delay_compute()
         self.schedule.after_forward()
         if self.balance is not None:
             # Here the host is far ahead of the GPU (forward only launched kernels);
@@ -136,7 +124,7 @@ class Trainer:
             loss, own = self.model.loss(logits, batch, global_count)
             total = torch.stack([bce_total(logits.detach(), batch.labels), own.detach()])
         empty = min(info.samples, info.uih_tokens, info.candidates) == 0
-        self.dense.backward(self.loss_fault(step, loss), empty)
+        self.dense.backward(self.faults.loss(step, loss), empty)
         flags = self.dense.step()
         if self.balance is not None:
             self.balance.collect()
@@ -160,7 +148,7 @@ class Trainer:
             range(first, run.steps),
             host_lengths=host_lengths if self.balance is not None else None,
             workers=workers if workers >= 0 else default_workers(self.device),
-            delay_ms=self.delay_loader_ms,
+            delay_ms=self.faults.delay_loader_ms,
             validate=partial(find_problem, limits=self.inputs.limits),
         )  # fmt: skip
         try:
@@ -172,7 +160,11 @@ class Trainer:
 
     def _loop(self, loader: Prefetcher, first: int = 0) -> dict[str, Any] | None:
         run, metrics = self.cfg.run, self.metrics
-        profiler = make_profiler(self.cfg.output, self.rank, self.device)
+        profiler = self.profiler
+        if profiler is not None:
+            profiler.start()
+        else:
+            profiler = make_profiler(self.cfg.output, self.rank, self.device)
         start = time.perf_counter()
         feed = Feed(loader, self.balance, run.steps, self.timer.section, first, self.inputs.check)
         nxt = self._take(feed)
@@ -256,29 +248,3 @@ class Trainer:
         observe = self.balance.observe if self.balance is not None else None
         stop = self.liveness.stop_requested
         self.metrics.finish(rec, start, stop, observe, self.dense.nonfinite.count)
-
-
-def run_rank(
-    cfg: TrainConfig, model: Any = None, data: Any = None, state_dict: bool | None = None
-) -> dict[str, Any] | None:
-    """Train on this rank (process group initialized); rank 0 returns the summary
-    (with ``state_dict`` not None, the Python API's result: `freescale.api`).
-
-    A collective that timed out is re-raised naming the stuck rank(s).
-    """
-    trainer = Trainer(cfg, model, data)
-    try:
-        summary = trainer.run()
-        if state_dict is None:
-            return summary
-        state = None
-        if state_dict:  # a collective: every rank gathers
-            state = full_state_dict(trainer.model, trainer.embeddings, trainer.sparse.swapped)
-        if trainer.rank != 0:
-            return None
-        return {"summary": summary, "steps": trainer.summary.steps, "state_dict": state}
-    except RuntimeError as e:
-        explained = trainer.liveness.explain_timeout(e)
-        if explained is None:
-            raise
-        raise RuntimeError(explained) from e
