@@ -74,6 +74,10 @@ def train(
     from freescale.pipeline.launch import launch
 
     cfg = config if config is not None else build_config(preset)
+    if model is not None:  # its name in the config (and manifests); options its own
+        section = settings.get("model")
+        given = dict(section) if isinstance(section, dict) else {}
+        settings = {**settings, "model": {"factory": python_name(model), **given}}
     cfg = with_settings(cfg, settings)
     out = launch(cfg, model=model, data=data, state_dict=state_dict)
     if out is None:
@@ -114,6 +118,12 @@ def with_settings(cfg: TrainConfig, settings: dict[str, Any]) -> TrainConfig:
     except TypeError as e:  # an unknown key of a section
         raise ValueError(f"unknown config key: {e}") from None
     return replace(built, eval_only=cfg.eval_only)
+
+
+def python_name(obj: Any) -> str:
+    """``module:qualname`` of a factory (or of a model object's class)."""
+    named = obj if hasattr(obj, "__qualname__") else type(obj)
+    return f"{getattr(named, '__module__', '__main__')}:{named.__qualname__}"
 
 
 def _put(values: dict, section: str, name: str, value: Any, model_options: dict) -> None:

@@ -22,13 +22,16 @@ from freescale.pipeline.faults import parse_ranks
 from freescale.pipeline.graphs import check_attention
 
 
-def check_launch(cfg: TrainConfig) -> None:
-    """Raise ValueError with one sentence for the first thing that would fail later."""
+def check_launch(cfg: TrainConfig, model_given: bool = False) -> None:
+    """Raise ValueError with one sentence for the first thing that would fail later.
+
+    ``model_given``: a model object or factory comes from Python (`freescale.api`):
+    the config's factory name is not imported."""
     run = cfg.run
     cuda = run.device == "cuda" or (run.device == "auto" and torch.cuda.is_available())
     attention = cfg.model.options.get("attention", "auto") if cfg.model.builtin else "auto"
     if attention == "varlen" and not cuda:
-        raise ValueError("attention=varlen needs a CUDA device; use attention=auto on the CPU")
+        raise ValueError("model.attention=varlen needs a CUDA device; use model.attention=auto on the CPU")
     if cfg.dense.graphs and not cuda:
         raise ValueError("dense.graphs=true captures CUDA graphs: it needs a CUDA device")
     if cfg.dense.graphs:
@@ -46,7 +49,7 @@ def check_launch(cfg: TrainConfig) -> None:
     kind, _, path = cfg.data.source.partition(":")
     if kind in BUILTIN_KINDS and path and not Path(path).is_file():
         raise ValueError(f"data file {path!r} ({kind}) does not exist or is not a file")
-    if not cfg.model.builtin:
+    if not cfg.model.builtin and not model_given:
         load_object(cfg.model.factory, "model")  # importable, before any rank starts
     for key in ("metrics_path", "trace_path"):
         value = getattr(cfg.output, key)

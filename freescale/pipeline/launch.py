@@ -75,7 +75,7 @@ def launch(
     it is not repeated (it hashes a resumed checkpoint).
     """
     if not checked:
-        check_launch(cfg)
+        check_launch(cfg, model_given=model is not None)
     job = RankJob(model, data, state_dict)
     if under_torchrun():
         die_with_parent()  # the torchrun agent

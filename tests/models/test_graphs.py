@@ -247,10 +247,10 @@ def test_graphs_are_off_the_cpu_path_bit_for_bit():
 def test_graphs_are_refused_without_cuda_varlen_or_a_block_stack():
     with pytest.raises(ValueError, match="needs a CUDA device"):
         check_launch(build_config("demo", ["run.device=cpu", "dense.graphs=true"]))
-    with pytest.raises(ValueError, match="attention=auto or varlen"):
+    with pytest.raises(ValueError, match=r"model\.attention=auto or varlen"):
         check_attention("reference")
     m = SequenceModel(ModelConfig(num_items=10, dim=8, heads=2, layers=1, attention="reference"))
-    with pytest.raises(ValueError, match="attention=auto or varlen"):
+    with pytest.raises(ValueError, match=r"model\.attention=auto or varlen"):
         install_graphs(m, two_streams=True, own_grads=False)
     with pytest.raises(ValueError, match=r"dense\.graph_streams must be 1 or 2"):
         build_config("demo", ["dense.graph_streams=3"])
