@@ -28,7 +28,7 @@ supplies the defaults:
   (forward + backward), for MFU;
 - optional ``block_stack``: the path of a `freescale.models.sequence.BlockStack`
   submodule, the model's capturable region: the pipeline may replace it with
-  one running the same blocks another way (``dense.graphs``), from outside.
+  one running the same blocks another way (replayed captures), from outside.
 
 What the techniques need: load balancing moves whole samples between ranks,
 so ``forward`` must treat samples independently (no batch norm across

@@ -31,7 +31,9 @@ def check_launch(cfg: TrainConfig, model_given: bool = False) -> None:
     cuda = run.device == "cuda" or (run.device == "auto" and torch.cuda.is_available())
     attention = cfg.model.options.get("attention", "auto") if cfg.model.builtin else "auto"
     if attention == "varlen" and not cuda:
-        raise ValueError("model.attention=varlen needs a CUDA device; use model.attention=auto on the CPU")
+        raise ValueError(
+            "model.attention=varlen needs a CUDA device; use model.attention=auto on the CPU"
+        )
     if cfg.dense.graphs and not cuda:
         raise ValueError("dense.graphs=true captures CUDA graphs: it needs a CUDA device")
     if cfg.dense.graphs:

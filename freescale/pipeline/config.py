@@ -104,20 +104,43 @@ class DataSection:
     options: dict[str, Any] = field(default_factory=dict)  # data.KEY=VALUE of a factory
 
     def __post_init__(self) -> None:
+        """The data's own configs check the values (`synthetic_configs`); here
+        only what they do not: the options' form, the loader, finiteness."""
         if not isinstance(self.options, dict):
             raise ValueError("data options are set as data.KEY=VALUE, one key at a time")
-        names = ("num_items", "max_uih", "length_cap", "max_candidates", "target_stride")
-        _at_least(self, "data", (*names, "eval_negatives"), 1)
-        _at_least(self, "data", ("max_content", "samples_per_user"), 0)
         if self.loader_workers < -1:
             raise ValueError(
                 f"data.loader_workers must be -1 (auto) or >= 0, got {self.loader_workers}"
             )
-        if not 0.0 <= self.step_overlap <= 1.0:
-            raise ValueError(f"data.step_overlap must lie in [0, 1], got {self.step_overlap}")
-        _finite("data", "length_median", self.length_median, 0, strict=True)
-        _finite("data", "zipf_alpha", self.zipf_alpha, 0, strict=True)
-        _finite("data", "length_sigma", self.length_sigma, 0)
+        _at_least(self, "data", ("length_cap",), 1)
+        for name in ("length_median", "length_sigma", "zipf_alpha", "step_overlap"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"data.{name} must be a finite number, got {getattr(self, name)}")
+        try:
+            self.synthetic_configs(seed=0)
+        except ValueError as e:
+            raise ValueError(f"data: {e}") from None
+
+    def synthetic_configs(self, seed: int) -> tuple[Any, Any]:
+        """(`SyntheticConfig`, `SequenceSampling`) of the built-in sources."""
+        from freescale.data.distributions import LengthDistribution
+        from freescale.data.sequences import SequenceSampling
+        from freescale.data.synthetic import SyntheticConfig
+
+        lengths = LengthDistribution(
+            median=self.length_median, sigma=self.length_sigma, cap=self.length_cap
+        )
+        synthetic = SyntheticConfig(
+            num_items=self.num_items, zipf_alpha=self.zipf_alpha, max_uih=self.max_uih,
+            lengths=lengths, max_candidates=self.max_candidates, max_content=self.max_content,
+            seed=seed, step_overlap=self.step_overlap,
+        )  # fmt: skip
+        sampling = SequenceSampling(
+            max_uih=self.max_uih, samples_per_user=self.samples_per_user,
+            stride=self.target_stride, shuffle=self.shuffle,
+            eval_negatives=self.eval_negatives, seed=seed,
+        )  # fmt: skip
+        return synthetic, sampling
 
 
 @dataclass(frozen=True)

@@ -105,11 +105,8 @@ class Prioritized(SparseDataDist):
     The hooks are sdd's: in prioritized mode the collection's ``prefetch`` issues
     i+1's preflight and ``prefetch_ids`` (after forward) does the rest of its
     prefetch, so the one host read waits for that exchange while the GPU works
-    on forward."""
-
-    def __init__(self, embeddings: Any, device: torch.device, timer: Any) -> None:
-        super().__init__(embeddings, device, timer)
-        embeddings.set_prioritized(True)
+    on forward. The collection is put in prioritized mode where it is built
+    (`freescale.pipeline.sparse.SparseSide`)."""
 
     def flush(self) -> None:
         self.embeddings.flush()

@@ -11,10 +11,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from freescale.data.distributions import LengthDistribution
-from freescale.data.sequences import SequenceSampling
 from freescale.data.source import BUILTIN_KINDS, DataSource, open_source, schema_of
-from freescale.data.synthetic import SyntheticConfig
 from freescale.jagged.schema import DataSchema
 from freescale.models.contract import check_model, load_object
 from freescale.pipeline.config import DataSection, ModelSection, RunSection, TrainConfig
@@ -58,26 +55,7 @@ def make_source(data: DataSection | TrainConfig, seed: int = 0) -> DataSource:
         return source
     if data.options:
         raise ValueError(f"data.* options go to a data factory; data={data.source!r} takes none")
-    synthetic = SyntheticConfig(
-        num_items=data.num_items,
-        zipf_alpha=data.zipf_alpha,
-        max_uih=data.max_uih,
-        lengths=LengthDistribution(
-            median=data.length_median, sigma=data.length_sigma, cap=data.length_cap
-        ),
-        max_candidates=data.max_candidates,
-        max_content=data.max_content,
-        seed=seed,
-        step_overlap=data.step_overlap,
-    )
-    sampling = SequenceSampling(
-        max_uih=data.max_uih,
-        samples_per_user=data.samples_per_user,
-        stride=data.target_stride,
-        shuffle=data.shuffle,
-        eval_negatives=data.eval_negatives,
-        seed=seed,
-    )
+    synthetic, sampling = data.synthetic_configs(seed)
     return open_source(data.source, synthetic, sampling)
 
 

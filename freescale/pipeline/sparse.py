@@ -66,16 +66,16 @@ class SparseSide:
         self.overlap_comm = self.comm
         if pipeline.comm_overlapped and pipeline.comm_overlapped != pipeline.comm_backend:
             self.overlap_comm = make_communicator(pipeline.comm_overlapped, device)
+        self.schedule_name = schedule_name(mode, pipeline.prioritize, world)
         self.embeddings = self._collection(model, section, device, timer)
         self.swapped = {p: model.get_submodule(p) for p in model.sharded_modules}  # type: ignore[union-attr]
         self.table_entries = TableEntries(self.embeddings)  # what checkpoints hold
-        self.schedule_name = schedule_name(mode, pipeline.prioritize, world)
         self.schedule = SCHEDULES[self.schedule_name](self.embeddings, device, timer.section)
 
     def _collection(
         self, model: nn.Module, section: EmbeddingsSection, device: torch.device, timer: Any
     ) -> Any:
-        """The one place the collection is built and configured."""
+        """The one place the collection is built and configured (mode included)."""
         embeddings = swap(model, sharding_plan(section, model), self.comm, device)
         if self.overlap_comm is not self.comm:
             embeddings.set_overlap_comm(self.overlap_comm)
@@ -83,6 +83,8 @@ class SparseSide:
         # The loader checks every training batch on the host (`inputs.find_problem`).
         embeddings.host_checked_inputs = True
         self.guard = embeddings.guard_nonfinite()  # skip non-finite steps on every rank
+        if self.schedule_name == "freescale":  # prioritized updates (paper Algorithm 2)
+            embeddings.set_prioritized(True)
         return embeddings
 
     def lookup_features(self, model: nn.Module, batch: SampleBatch) -> dict[str, Any]:

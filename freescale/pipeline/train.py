@@ -2,11 +2,10 @@
 
 The modes (``sync``, ``sdd``, ``freescale``; all produce identical numbers)
 differ only in what they issue early and wait for where: each is one
-`freescale.pipeline.schedule` object whose hooks the loop calls. The loop is
-all the trainer keeps; each part is a component built from its config section
-and given its inputs at construction: `SparseSide` (tables, schedule),
-`DenseTraining` (optimizer, DDP, guard), `BalanceStage`, `Evaluator`,
-`RunState` (checkpoints), `StepMetrics` and the profiler.
+`freescale.pipeline.schedule` object whose hooks the loop calls. The trainer
+keeps the loop; each part is a component built from its config section, given
+its inputs at construction: `SparseSide`, `DenseTraining`, `BalanceStage`,
+`Evaluator`, `RunState` (checkpoints), `StepMetrics`, `Faults`, the profiler.
 """
 
 from __future__ import annotations
@@ -67,15 +66,16 @@ class Trainer:
         # One rank exchanges nothing: its communication sections would time
         # identities. Only the data wait is read from the sections there.
         self.timer = SectionTimer(device, frozenset({"data"}) if self.world == 1 else None)
-        self.sparse = SparseSide(
+        self.sparse = sparse = SparseSide(
             self.model, cfg.embeddings, cfg.pipeline, run.mode, self.world, device, self.timer
         )
-        self.embeddings, self.schedule = self.sparse.embeddings, self.sparse.schedule
+        self.embeddings, self.schedule = sparse.embeddings, sparse.schedule
+        self.comm, self.overlap_comm = sparse.comm, sparse.overlap_comm
         self.dense = DenseTraining(
-            self.model, cfg.dense, cfg.faults, self.sparse.guard, device, self.timer
+            self.model, cfg.dense, cfg.faults, sparse.guard, device, self.timer
         )
         self.optimizer, self.default_loss = self.dense.optimizer, has_default_loss(self.model)
-        self.balance = balance_stage(cfg.balance, run, self.sparse.overlap_comm, self.timer, device)
+        self.balance = balance_stage(cfg.balance, run, sparse.overlap_comm, self.timer, device)
         # Metrics travel over gloo: gathering them never waits for the GPU.
         group = gloo_group(run.timeout_s) if self.world > 1 else None
         self.metrics = StepMetrics(

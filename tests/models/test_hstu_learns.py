@@ -30,6 +30,6 @@ def test_the_configuration_names_it():
     """``--set model=freescale.models.hstu:build`` with ``model.KEY`` options
     (the CLI's path for any factory: tests/examples/test_categories.py runs it)."""
     cfg = build_config("demo", ["model=freescale.models.hstu:build", "model.dim=16"])
-    built = build_model(cfg, DataSchema.standard(cfg.num_items, 4))
+    built = build_model(cfg.model, DataSchema.standard(cfg.data.num_items, 4))
     assert isinstance(built, HSTUModel) and built.cfg.dim == 16
-    assert built.item_emb.num_embeddings == cfg.num_items
+    assert built.item_emb.num_embeddings == cfg.data.num_items

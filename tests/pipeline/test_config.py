@@ -44,7 +44,7 @@ OLD_DOC_KEYS = [
     "steps=1000", "steps=12", "steps=30", "steps=300", "sync_debug=true", "timeout_s=120",
     "trace_path=runs/trace.json", "trace_steps=10-12", "warmup=2",
 ]  # fmt: skip
-PLACEHOLDER = re.compile(r"KEY|VALUE|NAME|\.\.\.|^key=")
+PLACEHOLDER = re.compile(r"KEY|VALUE|NAME|\.\.\.|^key=|^section\.key=")
 
 
 def _quiet(overrides: list[str], preset: str = "demo") -> TrainConfig:
@@ -58,8 +58,9 @@ def _quiet(overrides: list[str], preset: str = "demo") -> TrainConfig:
         ("run.mode=fast", "run.mode must be one of sync, sdd, freescale"),
         ("run.warmup=200", r"run.warmup \(200\) must be < run.steps"),
         ("run.timeout_s=0", "run.timeout_s must be a finite number >= 1"),
-        ("data.max_uih=0", "data.max_uih must be >= 1"),
-        ("data.step_overlap=2", r"data.step_overlap must lie in \[0, 1\]"),
+        ("data.max_uih=0", "data: max_uih must be >= 1"),
+        ("data.length_median=nan", "data.length_median must be a finite number"),
+        ("data.step_overlap=2", r"data: step_overlap must lie in \[0, 1\]"),
         ("data.loader_workers=-2", "data.loader_workers must be -1"),
         ("model.heads=3", r"model dim \(32\) must be divisible by heads \(3\)"),
         ("model.attention=flash", "model attention must be one of auto, reference, varlen"),

@@ -64,42 +64,51 @@ def _assert_equal(a: dict, b: dict) -> None:
             assert torch.equal(fa, fb) and torch.equal(ta, tb)
 
 
-class _Recording(Trainer):
-    """Keeps its state at each checkpoint it writes."""
+def _recording(trainer: Trainer) -> Trainer:
+    """Keeps its state at each checkpoint it writes (``trainer.at_save``)."""
+    save, trainer.at_save = trainer.state.save, {}
 
-    def save_checkpoint(self, next_step: int) -> None:
-        super().save_checkpoint(next_step)
-        self.at_save = {**getattr(self, "at_save", {}), next_step: _state(self)}
+    def recorded(next_step: int) -> None:
+        save(next_step)
+        trainer.at_save[next_step] = _state(trainer)
+
+    trainer.state.save = recorded
+    return trainer
 
 
-class _Loaded(_Recording):
+def _loaded(trainer: Trainer) -> Trainer:
     """Keeps its state right after loading; writes it back at once when it has a
-    ``checkpoint_dir`` (a checkpoint of the new world size, nothing trained)."""
+    ``checkpoint.dir`` (a checkpoint of the new world size, nothing trained)."""
+    _recording(trainer)
+    restore = trainer.state.restore
 
-    def restore(self) -> int:
-        first = super().restore()
-        self.loaded = _state(self)
-        if self.cfg.checkpoint_dir:
-            self.save_checkpoint(first)
-        return first
+    def loaded(source):
+        first, source = restore(source)
+        trainer.loaded = _state(trainer)
+        if trainer.cfg.checkpoint.dir:
+            trainer.state.save(first)
+        return first, source
+
+    trainer.state.restore = loaded
+    return trainer
 
 
-def _trainer(cls: type, overrides: list[str], example: bool) -> Trainer:
+def _trainer(wrap, overrides: list[str], example: bool) -> Trainer:
     if example:
         cfg = build_config("demo", [*COMMON, "run.steps=5", "run.batch_size=8", *overrides])
-        return cls(cfg, model=build, data=data(num_categories=30))
-    return cls(build_config("demo", [*RUN, *overrides]))
+        return wrap(Trainer(cfg, model=build, data=data(num_categories=30)))
+    return wrap(Trainer(build_config("demo", [*RUN, *overrides])))
 
 
 def _save_rank(ckdir: str, example: bool = False) -> dict:
     """The uninterrupted run: 5 steps, a checkpoint after step 2."""
-    trainer = _trainer(_Recording, [f"checkpoint.dir={ckdir}", f"checkpoint.every={AT}"], example)
+    trainer = _trainer(_recording, [f"checkpoint.dir={ckdir}", f"checkpoint.every={AT}"], example)
     trainer.run()
     return {"at_save": trainer.at_save[AT], "losses": _losses(trainer), "end": _state(trainer)}
 
 
 def _resume_rank(resume: str, overrides: list[str], example: bool = False) -> dict:
-    trainer = _trainer(_Loaded, [f"checkpoint.resume={resume}", *overrides], example)
+    trainer = _trainer(_loaded, [f"checkpoint.resume={resume}", *overrides], example)
     torch.manual_seed(123)  # the RNG state must come from the checkpoint
     summary = trainer.run()
     return {"loaded": trainer.loaded, "losses": _losses(trainer), "summary": summary,
