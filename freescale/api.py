@@ -86,8 +86,11 @@ def train(
 
 
 def with_settings(cfg: TrainConfig, settings: dict[str, Any]) -> TrainConfig:
-    """``cfg`` with sections given as dicts (and old flat keys) applied."""
+    """``cfg`` with sections given as dicts (and old flat keys) applied;
+    ``eval_only=True``: restore ``checkpoint.resume`` and evaluate, no training."""
+    settings = dict(settings)
     values = cfg.as_dict()
+    eval_only = bool(settings.pop("eval_only", cfg.eval_only)) if settings else cfg.eval_only
     base_factory = cfg.model.factory
     model_options: dict[str, Any] = {}
     for key, value in settings.items():
@@ -117,7 +120,7 @@ def with_settings(cfg: TrainConfig, settings: dict[str, Any]) -> TrainConfig:
         built = TrainConfig.from_dict(values)
     except TypeError as e:  # an unknown key of a section
         raise ValueError(f"unknown config key: {e}") from None
-    return replace(built, eval_only=cfg.eval_only)
+    return replace(built, eval_only=eval_only)
 
 
 def python_name(obj: Any) -> str:

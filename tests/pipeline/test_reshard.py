@@ -187,7 +187,11 @@ def test_the_launcher_and_the_cli_resume_at_another_world_size(saved, capsys, ap
     ck = str(saved[0] / f"{PREFIX}{AT:08d}")
     cfg = build_config("demo", [*RUN, "run.deterministic=false"])  # no global flag in this process
     result = freescale.train(
-        config=cfg, resume=ck, nproc=api_world, eval_only=True, state_dict=True
+        config=cfg,
+        run={"nproc": api_world},
+        checkpoint={"resume": ck},
+        eval_only=True,
+        state_dict=True,
     )
     truth = saved[1]["at_save"]
     assert torch.equal(result.state_dict["item_emb.weight"], truth["tables"]["item_emb"])
