@@ -4,7 +4,9 @@ the run's summary, its per-step metrics and, on request, the trained weights.
     import freescale
     from examples.categories import build, data
 
-    result = freescale.train(model=build, data=data(), steps=100, nproc=2, mode="freescale")
+    result = freescale.train(
+        model=build, data=data(), run={"steps": 100, "nproc": 2, "mode": "freescale"}
+    )
     result.summary["ne"], result.steps[-1]["loss"]
     plain = build(data().schema)
     plain.load_state_dict(freescale.train(model=build, data=data(), state_dict=True).state_dict)
@@ -13,14 +15,15 @@ Where the ranks run:
 
 - under ``torchrun`` this process is one rank: every rank calls `train` alike
   and rank 0 gets the result (the others get None);
-- otherwise, at ``nproc=1`` the run happens in this process (a notebook's
+- otherwise, at ``run={"nproc": 1}`` the run happens in this process (a notebook's
   models and data work as they are); at ``nproc > 1`` the ranks are spawned
   processes, so ``model`` and ``data`` must be picklable: a factory or a
   class defined in an importable module, not in ``__main__``.
 
 ``model``: an ``nn.Module`` or a factory ``factory(schema, **options)``
 (`freescale.models.contract`); ``data``: a `DataSource`. Either replaces the
-config's ``model`` / ``data`` strings.
+config's ``model.factory`` / ``data.source`` (the config then names the
+object's ``module:qualname``, and ``model={...}`` holds its options only).
 """
 
 from __future__ import annotations
