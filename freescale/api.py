@@ -4,7 +4,9 @@ the run's summary, its per-step metrics and, on request, the trained weights.
     import freescale
     from examples.categories import build, data
 
-    result = freescale.train(model=build, data=data(), steps=100, nproc=2, mode="freescale")
+    result = freescale.train(
+        model=build, data=data(), run={"steps": 100, "nproc": 2, "mode": "freescale"}
+    )
     result.summary["ne"], result.steps[-1]["loss"]
     plain = build(data().schema)
     plain.load_state_dict(freescale.train(model=build, data=data(), state_dict=True).state_dict)
@@ -13,25 +15,34 @@ Where the ranks run:
 
 - under ``torchrun`` this process is one rank: every rank calls `train` alike
   and rank 0 gets the result (the others get None);
-- otherwise, at ``nproc=1`` the run happens in this process (a notebook's
+- otherwise, at ``run={"nproc": 1}`` the run happens in this process (a notebook's
   models and data work as they are); at ``nproc > 1`` the ranks are spawned
   processes, so ``model`` and ``data`` must be picklable: a factory or a
   class defined in an importable module, not in ``__main__``.
 
 ``model``: an ``nn.Module`` or a factory ``factory(schema, **options)``
 (`freescale.models.contract`); ``data``: a `DataSource`. Either replaces the
-config's ``model`` / ``data`` strings.
+config's ``model.factory`` / ``data.source`` (the config then names the
+object's ``module:qualname``, and ``model={...}`` holds its options only).
 """
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, replace
 from typing import Any
 
 from torch import Tensor
 
-from freescale.pipeline.config import TrainConfig, build_config
+from freescale.pipeline.config import (
+    ALIASES,
+    BUILTIN_MODEL,
+    SECTIONS,
+    SHORTHANDS,
+    TrainConfig,
+    build_config,
+    notice_text,
+)
 
 
 @dataclass
@@ -56,20 +67,76 @@ def train(
 ) -> TrainResult | None:
     """Train; the result on rank 0 (None on the other ranks under torchrun).
 
-    ``settings`` are config keys with typed values (``steps=100``,
-    ``mode="freescale"``, ``model_options={"dim": 64}``), applied to
-    ``config`` or to the ``preset``; a bad key or value is a one-line
-    ValueError before anything starts.
+    ``settings`` are config sections as dicts of typed values
+    (``run={"steps": 100, "mode": "freescale"}``, ``model={"dim": 64}``: a
+    model section's keys other than ``factory`` are the factory's options),
+    applied to ``config`` or to the ``preset``; a bad key or value is a
+    one-line ValueError before anything starts. The old flat keywords
+    (``steps=100``, ``model_options={...}``) still work, with a DeprecationWarning.
     """
     from freescale.pipeline.launch import launch
 
     cfg = config if config is not None else build_config(preset)
-    known = {f.name for f in dataclasses.fields(TrainConfig)}
-    unknown = sorted(set(settings) - known)
-    if unknown:
-        raise ValueError(f"unknown config keys {unknown}; see `freescale train --print-config`")
-    cfg = dataclasses.replace(cfg, **settings)
+    if model is not None:  # its name in the config (and manifests); options its own
+        section = settings.get("model")
+        given = dict(section) if isinstance(section, dict) else {}
+        settings = {**settings, "model": {"factory": python_name(model), **given}}
+    cfg = with_settings(cfg, settings)
     out = launch(cfg, model=model, data=data, state_dict=state_dict)
     if out is None:
         return None
     return TrainResult(out["summary"], out["steps"], out.get("state_dict"))
+
+
+def with_settings(cfg: TrainConfig, settings: dict[str, Any]) -> TrainConfig:
+    """``cfg`` with sections given as dicts (and old flat keys) applied;
+    ``eval_only=True``: restore ``checkpoint.resume`` and evaluate, no training."""
+    settings = dict(settings)
+    values = cfg.as_dict()
+    eval_only = bool(settings.pop("eval_only", cfg.eval_only)) if settings else cfg.eval_only
+    base_factory = cfg.model.factory
+    model_options: dict[str, Any] = {}
+    for key, value in settings.items():
+        if key in SECTIONS and isinstance(value, dict):
+            for name, v in value.items():
+                _put(values, key, name, v, model_options)
+            continue
+        path = ALIASES.get(key) or (SHORTHANDS.get(key) if isinstance(value, str) else None)
+        if path is None:
+            raise ValueError(
+                f"unknown config key {key!r}; give sections as dicts (run={{...}}), "
+                "see `freescale train --print-config`"
+            )
+        if key in ALIASES:
+            warnings.warn(notice_text(key, path), DeprecationWarning, stacklevel=3)
+        section, _, name = path.partition(".")
+        if name == "options":
+            for k, v in value.items():
+                _put(values, section, k, v, model_options)
+        elif key != "item_dim":
+            _put(values, section, name, value, model_options)
+    if values["model"]["factory"] != base_factory:
+        values["model"]["options"] = model_options  # the preset's were the built-in's
+    if not values["model"]["factory"]:
+        values["model"]["factory"] = BUILTIN_MODEL
+    try:
+        built = TrainConfig.from_dict(values)
+    except TypeError as e:  # an unknown key of a section
+        raise ValueError(f"unknown config key: {e}") from None
+    return replace(built, eval_only=eval_only)
+
+
+def python_name(obj: Any) -> str:
+    """``module:qualname`` of a factory (or of a model object's class)."""
+    named = obj if hasattr(obj, "__qualname__") else type(obj)
+    return f"{getattr(named, '__module__', '__main__')}:{named.__qualname__}"
+
+
+def _put(values: dict, section: str, name: str, value: Any, model_options: dict) -> None:
+    fields = values[section]
+    if section in ("data", "model") and name not in fields:
+        fields["options"] = {**fields["options"], name: value}
+        if section == "model":
+            model_options[name] = value
+    else:
+        fields[name] = value

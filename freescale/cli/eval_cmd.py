@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import fields, replace
+from dataclasses import replace
 
 from freescale.pipeline.checkpoint import find_checkpoint, read_manifest
-from freescale.pipeline.config import TrainConfig
+from freescale.pipeline.config import CheckpointSection, TrainConfig
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -25,28 +25,23 @@ def run_eval(args: argparse.Namespace) -> int:
     found = find_checkpoint(args.checkpoint)
     if found is None:
         raise ValueError(f"no complete checkpoint in {args.checkpoint!r}")
-    manifest = read_manifest(found)
-    known = {f.name for f in fields(TrainConfig)}
-    saved = {k: v for k, v in manifest["config"].items() if k in known}
+    manifest = read_manifest(found)  # its config: nested, or flat (older checkpoints)
+    saved = TrainConfig.from_dict(manifest["config"])
     cfg = replace(
-        TrainConfig(),
-        **{
-            **saved,
-            "resume": str(found),
-            "eval_only": True,
-            "checkpoint_dir": "",
-            "checkpoint_every": 0,
-            "metrics_path": "",
-            "trace_path": "",
-            "progress": False,
-        },
+        saved.with_values(
+            checkpoint=CheckpointSection(resume=str(found)),
+            output__metrics_path="",
+            output__trace_path="",
+            output__progress=False,
+        ),
+        eval_only=True,
     )
     from freescale.pipeline.checks import check_launch
     from freescale.pipeline.launch import launch
     from freescale.pipeline.setup import check_data
 
     check_launch(cfg)
-    check_data(cfg, cfg.nproc)
+    check_data(cfg.data, cfg.run, cfg.run.nproc)
     summary = launch(cfg, checked=True)
     if summary is not None:
         print(json.dumps({"command": "eval", "checkpoint": str(found), **summary}), flush=True)

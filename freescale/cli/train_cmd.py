@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import replace
+import sys
 
-from freescale.pipeline.config import MODES, PRESETS, build_config
+from freescale.pipeline.config import MODES, PRESETS, build_config, format_config, notice_text
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -23,10 +23,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override a config key (repeatable), e.g. --set mode=sdd",
+        help="override a config key section.key (repeatable), e.g. --set run.mode=sdd",
     )
-    p.add_argument("--mode", choices=list(MODES), help="shortcut for --set mode=...")
-    p.add_argument("--nproc", type=int, help="shortcut for --set nproc=...")
+    p.add_argument("--mode", choices=list(MODES), help="shortcut for --set run.mode=...")
+    p.add_argument("--nproc", type=int, help="shortcut for --set run.nproc=...")
     p.add_argument(
         "--resume",
         nargs="?",
@@ -43,17 +43,17 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run_train(args: argparse.Namespace) -> int:
     overrides = list(args.overrides)
     if args.mode:
-        overrides.append(f"mode={args.mode}")
+        overrides.append(f"run.mode={args.mode}")
     if args.nproc is not None:
-        overrides.append(f"nproc={args.nproc}")
-    cfg = build_config(args.preset, overrides)  # ValueError -> one clear line
+        overrides.append(f"run.nproc={args.nproc}")
+    cfg = build_config(args.preset, overrides, on_deprecated=_notice)  # ValueError: one line
     if args.resume is not None:
-        target = args.resume or cfg.checkpoint_dir
+        target = args.resume or cfg.checkpoint.dir
         if not target:
-            raise ValueError("--resume without DIR needs checkpoint_dir to be set")
-        cfg = replace(cfg, resume=target)
+            raise ValueError("--resume without DIR needs checkpoint.dir to be set")
+        cfg = cfg.with_values(checkpoint__resume=target)
     if args.print_config:
-        print(json.dumps(cfg.as_dict()))
+        print(format_config(cfg))
         return 0
     from freescale.pipeline.checks import check_launch
     from freescale.pipeline.launch import launch, under_torchrun
@@ -62,10 +62,17 @@ def run_train(args: argparse.Namespace) -> int:
 
     if not under_torchrun():
         check_launch(cfg)  # files, devices, the resume checkpoint
-        check_data(cfg, cfg.nproc)  # bad data/config: one line here, not N worker tracebacks
+        check_data(
+            cfg.data, cfg.run, cfg.run.nproc
+        )  # bad data/config: one line here, not N worker tracebacks
     summary = launch(cfg, checked=not under_torchrun())
     if summary is not None:
         print(json.dumps({"command": "train", "preset": args.preset, **summary}), flush=True)
     # Stopped by SIGTERM after a clean step (and checkpoint): the conventional 143.
     stopped = was_stopped() or (summary is not None and summary.get("stopped"))
     return EXIT_STOPPED if stopped else 0
+
+
+def _notice(key: str, path: str) -> None:
+    """One line per old flat key used (`freescale.pipeline.config.ALIASES`)."""
+    print(f"freescale: {notice_text(key, path)}", file=sys.stderr)

@@ -45,7 +45,7 @@ class AttentionLayout:
     k: Segments
     causal: bool
     no_keys: Tensor | None = None  # [Tq, 1, 1] bool: queries whose sample has no keys
-    # [T, 1, 1] bool: rows outside every segment (graph padding), whose flash
+    # [T, 1, 1] bool: rows outside every segment (padding), whose flash
     # gradients are never written: they are zeroed before they reach a weight.
     q_pad: Tensor | None = None
     k_pad: Tensor | None = None

@@ -25,7 +25,10 @@ supplies the defaults:
   changes the math), and that sum detached (for the logged loss). Default:
   binary cross-entropy;
 - optional ``flops(batch) -> float``: FLOPs of a training step on ``batch``
-  (forward + backward), for MFU.
+  (forward + backward), for MFU;
+- optional ``block_stack``: the path of a `freescale.models.sequence.BlockStack`
+  submodule, the model's capturable region: the pipeline may replace it with
+  one running the same blocks another way (replayed captures), from outside.
 
 What the techniques need: load balancing moves whole samples between ranks,
 so ``forward`` must treat samples independently (no batch norm across
@@ -50,6 +53,7 @@ class RecModel(nn.Module):
     """Base class of the contract above (optional; see the module docstring)."""
 
     sharded_modules: tuple[str, ...] = ()
+    block_stack: str | None = None  # path of a BlockStack submodule (optional)
 
     def embedding_inputs(self, batch: SampleBatch) -> dict[str, Any]:
         """``{module path: the input forward passes it}`` for every sharded module."""

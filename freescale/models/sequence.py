@@ -12,7 +12,7 @@ Distribution is applied from outside: the item table is a plain
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager, nullcontext
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from freescale.jagged.batch import CAND_IDS, CONTENT_IDS, UIH_ACTIONS, UIH_IDS, SampleBatch
 from freescale.jagged.ops import segment_ids
 from freescale.jagged.schema import DataSchema
+from freescale.kernels.linear import Linear
 from freescale.models.attention import (
     AttentionLayout,
     attend,
@@ -29,8 +30,6 @@ from freescale.models.attention import (
     segments,
 )
 from freescale.models.contract import RecModel
-from freescale.models.graphs import BlockGraphs
-from freescale.models.linear import Linear
 from freescale.models.pooling import mean_content
 from freescale.models.small_embedding import SmallEmbedding
 
@@ -45,8 +44,6 @@ class ModelConfig:
     mlp_ratio: int = 2
     dense_dim: int = 0
     attention: str = "auto"  # auto | reference | varlen
-    graphs: bool = False  # CUDA graphs of the block stack (`freescale.models.graphs`)
-    graph_streams: int = 2  # 2: their candidate path on a side stream (same numbers)
 
     def __post_init__(self) -> None:
         for name in ("num_items", "num_actions", "dim", "heads", "layers", "mlp_ratio"):
@@ -56,10 +53,10 @@ class ModelConfig:
             raise ValueError(f"model dim ({self.dim}) must be divisible by heads ({self.heads})")
         if self.dense_dim < 0:
             raise ValueError("model dense_dim must be >= 0")
-        if self.graph_streams not in (1, 2):
-            raise ValueError(f"model graph_streams must be 1 or 2, got {self.graph_streams}")
-        if self.graphs and self.attention == "reference":
-            raise ValueError("model graphs need the varlen attention (attention=auto or varlen)")
+        if self.attention not in ("auto", "reference", "varlen"):
+            raise ValueError(
+                f"model attention must be one of auto, reference, varlen; got {self.attention!r}"
+            )
 
 
 class Block(nn.Module):
@@ -69,7 +66,7 @@ class Block(nn.Module):
         super().__init__()
         d, self.heads, self.impl = cfg.dim, cfg.heads, cfg.attention
         self.norm1, self.norm2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        # `Linear`: no memset node per bias gradient in the blocks' CUDA graphs.
+        # `Linear`: no memset per bias gradient where that matters (`kernels.linear`).
         self.qkv, self.proj = Linear(d, 3 * d), Linear(d, d)
         self.mlp = nn.Sequential(
             Linear(d, cfg.mlp_ratio * d), nn.GELU(), Linear(cfg.mlp_ratio * d, d)
@@ -78,50 +75,112 @@ class Block(nn.Module):
     def _heads(self, x: Tensor) -> Tensor:
         return x.view(x.shape[0], self.heads, x.shape[-1] // self.heads)  # 0 rows work too
 
+    # The block as two paths that meet only at the UIH keys and values: a caller
+    # may run the candidate path elsewhere (`BlockStack`'s docstring).
+    def cand_query(self, cand: Tensor) -> Tensor:
+        """The candidates' attention queries."""
+        return self._heads(self.qkv(self.norm1(cand)).chunk(3, dim=-1)[0])
+
+    def uih_qkv(self, uih: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The UIH queries, keys and values (the keys and values: one storage)."""
+        q, k, v = (self._heads(t) for t in self.qkv(self.norm1(uih)).chunk(3, dim=-1))
+        return q, k, v
+
+    def cand_update(
+        self, cand: Tensor, qc: Tensor, ku: Tensor, vu: Tensor, layout: AttentionLayout
+    ) -> Tensor:
+        """The candidates after this block (cross-attention to the UIH, MLP)."""
+        cand = cand + self.proj(attend(qc, ku, vu, layout).flatten(1))
+        return cand + self.mlp(self.norm2(cand))
+
+    def uih_update(
+        self, uih: Tensor, qu: Tensor, ku: Tensor, vu: Tensor, layout: AttentionLayout
+    ) -> Tensor:
+        """The UIH after this block (causal self-attention, MLP)."""
+        uih = uih + self.proj(attend(qu, ku, vu, layout).flatten(1))
+        return uih + self.mlp(self.norm2(uih))
+
     def forward(
         self,
         uih: Tensor,
         cand: Tensor,
         layout: tuple[AttentionLayout, AttentionLayout],
         uih_out: bool = True,
-        side: torch.cuda.Stream | None = None,
     ) -> tuple[Tensor, Tensor]:
-        """``layout``: (UIH self-attention, candidate cross-attention), from `attention_layouts`.
+        """``layout``: (UIH self-attention, candidate cross-attention), from
+        `BlockStack.layouts`.
 
         ``uih_out=False`` (the last block): the UIH update has no reader, so it
         is skipped and ``uih`` comes back unchanged; the candidates' numbers
-        are the same. ``side``: the candidate path runs on this CUDA stream,
-        concurrently with the UIH path (same kernels, so the same numbers);
-        the caller forks ``side`` from the current stream before the first
-        block and joins it after the last (`graphs.run_blocks`)."""
-
-        def on_side() -> AbstractContextManager[object]:
-            return torch.cuda.stream(side) if side is not None else nullcontext()
-
-        with on_side():
-            qc = self._heads(self.qkv(self.norm1(cand)).chunk(3, dim=-1)[0])
-        qu, ku, vu = (self._heads(t) for t in self.qkv(self.norm1(uih)).chunk(3, dim=-1))
-        if side is not None:
-            side.wait_stream(torch.cuda.current_stream())  # the keys and values
-            # Their memory (one storage: the qkv output) must not be reused until the
-            # side stream is done with it (the cross-attention saves them for backward).
-            ku.record_stream(side)
-        with on_side():
-            cand = cand + self.proj(attend(qc, ku, vu, layout[1]).flatten(1))
-            cand = cand + self.mlp(self.norm2(cand))
+        are the same."""
+        qc = self.cand_query(cand)
+        qu, ku, vu = self.uih_qkv(uih)
+        cand = self.cand_update(cand, qc, ku, vu, layout[1])
         if uih_out:
-            uih = uih + self.proj(attend(qu, ku, vu, layout[0]).flatten(1))
-            uih = uih + self.mlp(self.norm2(uih))
+            uih = self.uih_update(uih, qu, ku, vu, layout[0])
         return uih, cand
+
+
+class BlockStack(nn.ModuleList):
+    """The blocks, run on a step's UIH and candidate rows: the model's
+    *capturable* region (`RecModel.block_stack`).
+
+    ``forward(uih, cand, batch, max_uih, max_candidates)`` -> the candidates'
+    output; nothing else of the step enters it, and its inputs are the two row
+    tensors and the batch's offsets. A pipeline may therefore replace this
+    module (same blocks, same parameters, same state dict) with one that runs
+    the same blocks another way: `Block`'s two paths (`cand_query` →
+    `cand_update`, `uih_qkv` → `uih_update`) only meet at the UIH keys and
+    values, so the candidate path may run concurrently with the UIH path."""
+
+    def __init__(self, blocks: list[Block], attention: str) -> None:
+        super().__init__(blocks)
+        self.attention = attention  # auto | reference | varlen
+
+    def forward(  # type: ignore[override]
+        self,
+        uih: Tensor,
+        cand: Tensor,
+        batch: SampleBatch,
+        max_uih: int | None = None,
+        max_candidates: int | None = None,
+    ) -> Tensor:
+        layout = self.layouts(batch, uih.is_cuda, max_uih, max_candidates)
+        last = len(self) - 1
+        for i, block in enumerate(self):
+            uih, cand = block(uih, cand, layout, uih_out=i < last)
+        return cand
+
+    def layouts(
+        self,
+        batch: SampleBatch,
+        on_cuda: bool,
+        max_uih: int | None = None,
+        max_candidates: int | None = None,
+    ) -> tuple[AttentionLayout, AttentionLayout]:
+        """(UIH self-attention, candidate cross-attention) layouts, once per forward:
+        every layer shares them. Maxima not given are read back in one host read."""
+        impl = resolve_impl(self.attention, on_cuda)
+        uih_off, cand_off = batch.uih.offsets, batch.candidates.offsets
+        if impl == "varlen" and (max_uih is None or max_candidates is None):
+            max_uih, max_candidates = max_lengths(uih_off, cand_off)
+        uih = segments(uih_off, impl, max_uih)
+        cand = segments(cand_off, impl, max_candidates)
+        return (
+            attention_layout(uih, uih, True, batch.uih[UIH_IDS].numel()),
+            attention_layout(cand, uih, False, batch.num_candidates_total),
+        )
 
 
 class SequenceModel(RecModel):
     """``model(batch) -> logits``, one per candidate, aligned with ``batch.labels``.
 
     Written against the model contract (`freescale.models.contract`): the item
-    table is its one sharded module, looked up once per step."""
+    table is its one sharded module, looked up once per step; the blocks are
+    its capturable stack."""
 
     sharded_modules = ("item_emb",)
+    block_stack = "blocks"
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -130,11 +189,8 @@ class SequenceModel(RecModel):
         # A handful of rows: its CUDA backward is two kernels, not torch's ~30.
         self.action_emb = SmallEmbedding(cfg.num_actions, cfg.dim)
         self.dense_proj = nn.Linear(cfg.dense_dim, cfg.dim) if cfg.dense_dim else None
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
+        self.blocks = BlockStack([Block(cfg) for _ in range(cfg.layers)], cfg.attention)
         self.head = nn.Sequential(nn.LayerNorm(cfg.dim), nn.Linear(cfg.dim, 1))
-        self.graphs = (
-            BlockGraphs(self.blocks, two_streams=cfg.graph_streams == 2) if cfg.graphs else None
-        )
         nn.init.normal_(self.item_emb.weight, std=0.05)
         nn.init.normal_(self.action_emb.weight, std=0.05)
 
@@ -151,30 +207,8 @@ class SequenceModel(RecModel):
         if self.dense_proj is not None and batch.dense is not None:
             per_cand = segment_ids(batch.candidates.offsets, n_c)
             cand = cand + self.dense_proj(batch.dense)[per_cand]
-        if self._graphed(uih, cand, batch):
-            assert self.graphs is not None
-            if max_uih is None or max_candidates is None:
-                max_uih, max_candidates = _max_lengths(batch.uih.offsets, batch.candidates.offsets)
-            cand = self.graphs.run(
-                uih, cand, batch.uih.offsets, batch.candidates.offsets, max_uih, max_candidates
-            )
-            return self.head(cand).squeeze(-1)
-        layout = self.attention_layouts(batch, rows.is_cuda, max_uih, max_candidates)
-        last = len(self.blocks) - 1
-        for i, block in enumerate(self.blocks):
-            uih, cand = block(uih, cand, layout, uih_out=i < last)
+        cand = self.blocks(uih, cand, batch, max_uih, max_candidates)
         return self.head(cand).squeeze(-1)
-
-    def _graphed(self, uih: Tensor, cand: Tensor, batch: SampleBatch) -> bool:
-        """Training steps on CUDA go through the graphs (when on); evaluation
-        (no gradients) and batches without UIH tokens or candidates run eagerly."""
-        return (
-            self.graphs is not None
-            and uih.is_cuda
-            and torch.is_grad_enabled()
-            and uih.shape[0] > 0
-            and cand.shape[0] > 0
-        )
 
     def attention_layouts(
         self,
@@ -183,18 +217,8 @@ class SequenceModel(RecModel):
         max_uih: int | None = None,
         max_candidates: int | None = None,
     ) -> tuple[AttentionLayout, AttentionLayout]:
-        """(UIH self-attention, candidate cross-attention) layouts, once per forward:
-        every layer shares them. Maxima not given are read back in one host read."""
-        impl = resolve_impl(self.cfg.attention, on_cuda)
-        uih_off, cand_off = batch.uih.offsets, batch.candidates.offsets
-        if impl == "varlen" and (max_uih is None or max_candidates is None):
-            max_uih, max_candidates = _max_lengths(uih_off, cand_off)
-        uih = segments(uih_off, impl, max_uih)
-        cand = segments(cand_off, impl, max_candidates)
-        return (
-            attention_layout(uih, uih, True, batch.uih[UIH_IDS].numel()),
-            attention_layout(cand, uih, False, batch.num_candidates_total),
-        )
+        """`BlockStack.layouts` of this model's blocks."""
+        return self.blocks.layouts(batch, on_cuda, max_uih, max_candidates)
 
     def embedding_inputs(self, batch: SampleBatch) -> dict[str, Tensor]:
         """The ids each embedding module will be called with for ``batch``.
@@ -217,26 +241,46 @@ def build(
     heads: int = 2,
     layers: int = 2,
     attention: str = "auto",
-    graphs: bool = False,
-    graph_streams: int = 2,
 ) -> SequenceModel:
     """The model factory (`freescale.models.contract`): tables sized by the data."""
-    return SequenceModel(
-        ModelConfig(
-            num_items=schema.num_items,
-            num_actions=schema.num_actions,
-            dim=dim,
-            heads=heads,
-            layers=layers,
-            dense_dim=schema.dense_dim,
-            attention=attention,
-            graphs=graphs,
-            graph_streams=graph_streams,
-        )
+    options = dict(dim=dim, heads=heads, layers=layers, attention=attention)
+    return SequenceModel(_config(schema.num_items, schema.num_actions, schema.dense_dim, **options))
+
+
+def _config(num_items: int, num_actions: int, dense_dim: int, **options: object) -> ModelConfig:
+    return ModelConfig(
+        num_items=num_items,
+        num_actions=num_actions,
+        dense_dim=dense_dim,
+        **options,  # type: ignore[arg-type]
     )
 
 
-def _max_lengths(*offsets: Tensor) -> list[int]:
+def check_options(**options: object) -> None:
+    """ValueError (one line) for options `build` would refuse: the checks are
+    `ModelConfig`'s, run without the data (the config calls this at start)."""
+    params = inspect.signature(build).parameters
+    unknown = sorted(set(options) - set(params) | ({"schema"} & set(options)))
+    if unknown:
+        known = ", ".join(p for p in params if p != "schema")
+        raise ValueError(f"model: unknown option(s) {', '.join(unknown)}; the built-in "
+                         f"model takes {known}")  # fmt: skip
+    for name, value in options.items():
+        default = params[name].default
+        if isinstance(default, int) and (not isinstance(value, int) or isinstance(value, bool)):
+            raise ValueError(f"model.{name} expects an int, got {value!r}")
+        if isinstance(default, str) and not isinstance(value, str):
+            raise ValueError(f"model.{name} expects a string, got {value!r}")
+    _config(1, 1, 0, **options)
+
+
+def with_defaults(options: dict[str, object]) -> dict[str, object]:
+    """``options`` with `build`'s defaults for those not given."""
+    params = inspect.signature(build).parameters
+    return {**{k: p.default for k, p in params.items() if k != "schema"}, **options}
+
+
+def max_lengths(*offsets: Tensor) -> list[int]:
     """Longest segment of each layout (0 when it has none), in one host read."""
     if offsets[0].numel() < 2:
         return [0] * len(offsets)

@@ -31,11 +31,26 @@ from freescale.pipeline.loader import BatchInfo
 LOOKAHEAD = 2
 
 
-def balance_partitioner(cfg: Any) -> str | CostPartitioner:
-    """The partitioner a `TrainConfig` asks for (``balance`` + ``balance_counts``)."""
-    if cfg.balance == "cost" and cfg.balance_counts == "variable":
-        return CostPartitioner("variable", cfg.max_local_batch or 2 * cfg.batch_size)
-    return cfg.balance
+def balance_partitioner(section: Any, batch_size: int) -> str | CostPartitioner:
+    """The partitioner the ``balance`` section asks for (``method`` + ``counts``)."""
+    if section.method == "cost" and section.counts == "variable":
+        return CostPartitioner("variable", section.max_local_batch or 2 * batch_size)
+    return section.method
+
+
+def balance_stage(
+    section: Any, run: Any, comm: TorchCommunicator, timer: Any, device: Any
+) -> BalanceStage | None:
+    """The ``balance`` section's stage (None for ``method=none``); ``run``: the
+    run section (batch size, determinism, timeout)."""
+    if section.method == "none":
+        return None
+    plan = section.plan_process
+    in_process = plan == "on" or (plan == "auto" and device.type == "cuda")
+    return BalanceStage(
+        balance_partitioner(section, run.batch_size), comm, run.batch_size, timer.section,
+        in_process, adaptive=not run.deterministic, timeout_s=run.timeout_s,
+    )  # fmt: skip
 
 
 class BalanceStage:

@@ -76,11 +76,28 @@ PREFIX = "step-"
 # checkpoint resumes only into a run with the same values. Others (steps, lr,
 # mode, balance, logging, the world size, ...) may change on resume.
 SAME_RUN_KEYS = (
-    "batch_size", "seed", "data", "num_items", "max_uih", "length_median",
-    "length_sigma", "length_cap", "zipf_alpha", "step_overlap", "max_candidates",
-    "max_content", "dim", "item_dim", "heads", "layers", "emb_optimizer", "assignment",
-    "samples_per_user", "target_stride", "shuffle", "model", "model_options", "data_options",
+    "run.batch_size", "run.seed", "data.source", "data.num_items", "data.max_uih",
+    "data.length_median", "data.length_sigma", "data.length_cap", "data.zipf_alpha",
+    "data.step_overlap", "data.max_candidates", "data.max_content", "data.samples_per_user",
+    "data.target_stride", "data.shuffle", "data.options", "model.factory", "model.options",
+    "embeddings.optimizer", "embeddings.assignment",
 )  # fmt: skip
+
+
+def flat_config(config: dict[str, Any]) -> dict[str, Any]:
+    """``{"section.key": value}`` of a config dict, nested or (old manifests) flat."""
+    from freescale.models.sequence import with_defaults
+    from freescale.pipeline.config import BUILTIN_MODEL, TrainConfig
+
+    nested = TrainConfig.from_dict(config).as_dict()
+    if nested["model"]["factory"] == BUILTIN_MODEL:  # its defaults, spelled out or not
+        nested["model"]["options"] = with_defaults(nested["model"]["options"])
+    return {
+        f"{section}.{key}": value
+        for section, values in nested.items()
+        if isinstance(values, dict)
+        for key, value in values.items()
+    }
 
 
 def find_checkpoint(path: str | os.PathLike) -> Path | None:
@@ -128,13 +145,14 @@ def check_resumable(resume: str, config: dict[str, Any], verify: bool = True) ->
     if found is None:
         raise ValueError(f"resume: no complete checkpoint in {resume!r}")
     manifest = read_manifest(found)
-    saved = manifest["config"]
-    diff = [k for k in SAME_RUN_KEYS if k in saved and saved[k] != config.get(k)]
+    saved, this = flat_config(manifest["config"]), flat_config(config)
+    diff = [k for k in SAME_RUN_KEYS if saved[k] != this[k]]
     if diff:
-        pairs = ", ".join(f"{k}={saved[k]!r} (this run: {config.get(k)!r})" for k in diff)
+        pairs = ", ".join(f"{k}={saved[k]!r} (this run: {this[k]!r})" for k in diff)
         raise ValueError(f"resume: {found} was written with {pairs}")
-    if manifest["step"] >= config["steps"] and not config.get("eval_only"):
-        raise ValueError(f"resume: {found} is at step {manifest['step']}; steps={config['steps']}")
+    steps = this["run.steps"]
+    if manifest["step"] >= steps and not config.get("eval_only"):
+        raise ValueError(f"resume: {found} is at step {manifest['step']}; run.steps={steps}")
     if verify:
         read_checked(found, manifest, range(manifest["world_size"]), manifest["files"])
     return found

@@ -1,6 +1,6 @@
 """Checks of a run's environment, in the launcher, before any rank starts.
 
-`TrainConfig.__post_init__` checks values on their own; this checks what
+Each config section checks its values on their own; this checks what
 they point at: files that must exist or be writable, the device an option
 needs, the checkpoint a resume starts from. Each failure is one ValueError
 sentence (the CLI prints one line and exits 2) instead of a traceback per
@@ -19,38 +19,52 @@ from freescale.models.contract import load_object
 from freescale.pipeline.checkpoint import check_resumable
 from freescale.pipeline.config import TrainConfig
 from freescale.pipeline.faults import parse_ranks
+from freescale.pipeline.graphs import check_attention
 
 
-def check_launch(cfg: TrainConfig) -> None:
-    """Raise ValueError with one sentence for the first thing that would fail later."""
-    cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
-    if cfg.attention == "varlen" and not cuda:
-        raise ValueError("attention=varlen needs a CUDA device; use attention=auto on the CPU")
-    if cfg.dense_graphs and not cuda:
-        raise ValueError("dense_graphs=true captures CUDA graphs: it needs a CUDA device")
-    if cfg.sync_debug and not cuda:
-        raise ValueError("sync_debug=true reports host waits for a GPU: it needs a CUDA device")
-    world = int(os.environ.get("WORLD_SIZE", cfg.nproc))
-    ranks = parse_ranks(cfg.delay_ranks)
-    if ranks is not None and max(ranks) >= world:
-        raise ValueError(f"delay_ranks={cfg.delay_ranks!r} names a rank outside 0..{world - 1}")
-    kind, _, path = cfg.data.partition(":")
+def check_launch(cfg: TrainConfig, model_given: bool = False) -> None:
+    """Raise ValueError with one sentence for the first thing that would fail later.
+
+    ``model_given``: a model object or factory comes from Python (`freescale.api`):
+    the config's factory name is not imported."""
+    run = cfg.run
+    cuda = run.device == "cuda" or (run.device == "auto" and torch.cuda.is_available())
+    attention = cfg.model.options.get("attention", "auto") if cfg.model.builtin else "auto"
+    if attention == "varlen" and not cuda:
+        raise ValueError(
+            "model.attention=varlen needs a CUDA device; use model.attention=auto on the CPU"
+        )
+    if cfg.dense.graphs and not cuda:
+        raise ValueError("dense.graphs=true captures CUDA graphs: it needs a CUDA device")
+    if cfg.dense.graphs:
+        check_attention(attention)
+    if cfg.pipeline.sync_debug and not cuda:
+        raise ValueError(
+            "pipeline.sync_debug=true reports host waits for a GPU: it needs a CUDA device"
+        )
+    world = int(os.environ.get("WORLD_SIZE", run.nproc))
+    for key in ("delay_ranks", "nan_ranks"):
+        ranks = parse_ranks(getattr(cfg.faults, key))
+        if ranks is not None and max(ranks) >= world:
+            text = getattr(cfg.faults, key)
+            raise ValueError(f"faults.{key}={text!r} names a rank outside 0..{world - 1}")
+    kind, _, path = cfg.data.source.partition(":")
     if kind in BUILTIN_KINDS and path and not Path(path).is_file():
         raise ValueError(f"data file {path!r} ({kind}) does not exist or is not a file")
-    if cfg.model:
-        load_object(cfg.model, "model")  # importable, before any rank starts
+    if not cfg.model.builtin and not model_given:
+        load_object(cfg.model.factory, "model")  # importable, before any rank starts
     for key in ("metrics_path", "trace_path"):
-        value = getattr(cfg, key)
+        value = getattr(cfg.output, key)
         if value:
-            _writable_dir(key, Path(value.replace("{rank}", "0")).parent)
-    if cfg.checkpoint_dir:
-        _writable_dir("checkpoint_dir", Path(cfg.checkpoint_dir))
-    if cfg.resume:
+            _writable_dir(f"output.{key}", Path(value.replace("{rank}", "0")).parent)
+    if cfg.checkpoint.dir:
+        _writable_dir("checkpoint.dir", Path(cfg.checkpoint.dir))
+    if cfg.checkpoint.resume:
         # Spawning ranks here: check every file now (one line, rc 2, before any
         # rank). Under torchrun each process is a rank: they check the files
         # together, sharing the hashing, in `Checkpointer.load`.
         torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
-        check_resumable(cfg.resume, cfg.as_dict(), verify=not torchrun)
+        check_resumable(cfg.checkpoint.resume, cfg.as_dict(), verify=not torchrun)
 
 
 def _writable_dir(key: str, directory: Path) -> None:

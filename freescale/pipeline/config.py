@@ -1,8 +1,20 @@
-"""Training configuration: one flat dataclass, named presets, ``key=value`` overrides.
+"""Training configuration by component: one frozen section per owner.
 
-Flat on purpose: every knob is one ``--set key=value`` away and one line in
-the JSON summary. Validation happens in ``__post_init__`` (ValueError with
-one clear sentence), in the launching process, before any rank starts.
+Each section is validated once, in its ``__post_init__`` (ValueError with
+one clear sentence), in the launching process before any rank starts, and
+handed whole to the component that owns it: ``run`` (the job), ``data``
+(the data source), ``model`` (the factory and its options: the model checks
+those itself), ``embeddings`` (the sharded tables), ``dense`` (the dense
+optimizer), ``balance``, ``pipeline`` (schedule and communication),
+``evaluation``, ``checkpoint``, ``faults`` (injected faults and the
+non-finite guard) and ``output``.
+
+On the command line every key is ``--set section.key=value``; ``data=``,
+``model=`` and ``balance=`` are shorthands of ``data.source``,
+``model.factory`` and ``balance.method``; ``data.KEY`` / ``model.KEY``
+outside the section's fields are options of the data / model factory.
+The flat keys of the old single-dataclass config keep working for one
+release through `ALIASES` (a deprecation notice per old key).
 """
 
 from __future__ import annotations
@@ -10,6 +22,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -20,36 +34,58 @@ MODES = ("sync", "sdd", "freescale")
 BALANCE = ("none", "fbs", "vbs", "cost")
 DEVICES = ("auto", "cpu", "cuda")
 EMB_OPTIMIZERS = ("sgd", "adagrad", "adam")
+BUILTIN_MODEL = "freescale.models.sequence:build"
+
+
+def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
+
+
+def _at_least(section: object, prefix: str, names: tuple[str, ...], low: int) -> None:
+    for name in names:
+        value = getattr(section, name)
+        if value < low:
+            raise ValueError(f"{prefix}.{name} must be >= {low}, got {value}")
+
+
+def _finite(prefix: str, name: str, value: float, low: float, strict: bool = False) -> None:
+    if not (math.isfinite(value) and (value > low if strict else value >= low)):
+        sign = ">" if strict else ">="
+        raise ValueError(f"{prefix}.{name} must be a finite number {sign} {low:g}, got {value}")
 
 
 @dataclass(frozen=True)
-class TrainConfig:
-    # run
+class RunSection:
+    """The job: mode, ranks, device, length, batch, seed, collective timeout."""
+
     mode: str = "sync"
-    # freescale's prioritized updates hide the exclusive rows' gradient exchange
-    # and update behind the next step; at one rank there is no exchange and one
-    # stream, so "auto" runs freescale there with sdd's schedule (same numbers,
-    # less work); "on" keeps the split at any world size
-    prioritize: str = "auto"
-    balance: str = "none"  # none | fbs | vbs | cost (sequence load balancing)
-    plan_process: str = "auto"  # partition in a helper process: auto (on GPUs) | on | off
-    balance_counts: str = "equal"  # balance=cost: equal | variable local batch sizes
-    max_local_batch: int = 0  # balance_counts=variable: per-rank cap (0: 2 x batch_size)
     nproc: int = 2
     device: str = "cpu"
-    comm_backend: str = "torch"  # torch | smfree[-shm|-gloo|-hier] (docs/comm.md)
-    # backend of the exchanges issued ahead of their use (balancer stage III, the
-    # embedding prefetches, deferred gradients); empty: the same as comm_backend
-    comm_overlapped: str = ""
     steps: int = 150
     warmup: int = 5
     batch_size: int = 32
     seed: int = 0
     deterministic: bool = True
-    # data: synthetic | sasrec:PATH | movielens:PATH | parquet:PATH | csv:PATH |
-    # package.module:factory (called with the data.KEY=VALUE options)
-    data: str = "synthetic"
-    data_options: dict[str, Any] = field(default_factory=dict)
+    timeout_s: float = 300.0  # collective timeout: a stuck rank fails the run after this
+
+    def __post_init__(self) -> None:
+        _choice("run.mode", self.mode, MODES)
+        _choice("run.device", self.device, DEVICES)
+        _at_least(self, "run", ("nproc", "steps", "batch_size"), 1)
+        _at_least(self, "run", ("warmup",), 0)
+        if self.warmup >= self.steps:
+            raise ValueError(f"run.warmup ({self.warmup}) must be < run.steps ({self.steps})")
+        _finite("run", "timeout_s", self.timeout_s, 1)
+
+
+@dataclass(frozen=True)
+class DataSection:
+    """The data: ``source`` (synthetic | sasrec:PATH | movielens:PATH |
+    parquet:PATH | csv:PATH | package.module:factory, called with ``options``)."""
+
+    source: str = "synthetic"
+    loader_workers: int = -1  # worker processes per rank (-1: auto, 0 on CPU ranks)
     num_items: int = 2_000
     max_uih: int = 64
     length_median: float = 24.0
@@ -65,154 +101,292 @@ class TrainConfig:
     target_stride: int = 1
     shuffle: bool = True
     eval_negatives: int = 100
-    # model: empty = the built-in sequence model (dim, heads, layers, attention,
-    # dense_graphs below); package.module:factory = your own, built as
-    # factory(schema, **model_options) (docs/your-model.md); model.KEY=VALUE sets options
-    model: str = ""
-    model_options: dict[str, Any] = field(default_factory=dict)
-    dim: int = 32
-    item_dim: int = 32
-    heads: int = 2
-    layers: int = 1
-    attention: str = "auto"
+    options: dict[str, Any] = field(default_factory=dict)  # data.KEY=VALUE of a factory
+
+    def __post_init__(self) -> None:
+        """The data's own configs check the values (`synthetic_configs`); here
+        only what they do not: the options' form, the loader, finiteness."""
+        if not isinstance(self.options, dict):
+            raise ValueError("data options are set as data.KEY=VALUE, one key at a time")
+        if self.loader_workers < -1:
+            raise ValueError(
+                f"data.loader_workers must be -1 (auto) or >= 0, got {self.loader_workers}"
+            )
+        _at_least(self, "data", ("length_cap",), 1)
+        for name in ("length_median", "length_sigma", "zipf_alpha", "step_overlap"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"data.{name} must be a finite number, got {getattr(self, name)}")
+        try:
+            self.synthetic_configs(seed=0)
+        except ValueError as e:
+            raise ValueError(f"data: {e}") from None
+
+    def synthetic_configs(self, seed: int) -> tuple[Any, Any]:
+        """(`SyntheticConfig`, `SequenceSampling`) of the built-in sources."""
+        from freescale.data.distributions import LengthDistribution
+        from freescale.data.sequences import SequenceSampling
+        from freescale.data.synthetic import SyntheticConfig
+
+        lengths = LengthDistribution(
+            median=self.length_median, sigma=self.length_sigma, cap=self.length_cap
+        )
+        synthetic = SyntheticConfig(
+            num_items=self.num_items, zipf_alpha=self.zipf_alpha, max_uih=self.max_uih,
+            lengths=lengths, max_candidates=self.max_candidates, max_content=self.max_content,
+            seed=seed, step_overlap=self.step_overlap,
+        )  # fmt: skip
+        sampling = SequenceSampling(
+            max_uih=self.max_uih, samples_per_user=self.samples_per_user,
+            stride=self.target_stride, shuffle=self.shuffle,
+            eval_negatives=self.eval_negatives, seed=seed,
+        )  # fmt: skip
+        return synthetic, sampling
+
+
+@dataclass(frozen=True)
+class ModelSection:
+    """The model: ``factory(schema, **options)``; the options are the model's
+    to check (the built-in model's are checked here, by the model's own config)."""
+
+    factory: str = BUILTIN_MODEL
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.options, dict):
+            raise ValueError("model options are set as model.KEY=VALUE, one key at a time")
+        if ":" not in self.factory:
+            raise ValueError(f"model={self.factory!r} must look like package.module:factory")
+        if self.builtin:
+            from freescale.models.sequence import check_options
+
+            check_options(**self.options)
+
+    @property
+    def builtin(self) -> bool:
+        return self.factory == BUILTIN_MODEL
+
+
+@dataclass(frozen=True)
+class EmbeddingsSection:
+    """The sharded tables: their optimizer, its learning rate, the row assignment."""
+
+    optimizer: str = "adagrad"
+    lr: float = 0.05
+    assignment: str = "hashed"
+
+    def __post_init__(self) -> None:
+        _choice("embeddings.optimizer", self.optimizer, EMB_OPTIMIZERS)
+        _choice("embeddings.assignment", self.assignment, ("hashed", "block"))
+        _finite("embeddings", "lr", self.lr, 0, strict=True)
+
+
+@dataclass(frozen=True)
+class DenseSection:
+    """Dense training: Adam's lr, bf16 autocast, CUDA graphs of the block stack."""
+
+    lr: float = 3e-3
     amp: str = "none"  # none | bf16 (autocast of the dense model on CUDA)
     # CUDA graphs of the dense blocks, one per padded shape: far fewer host
     # launches at small batches; close to (not bitwise equal to) eager numbers
-    dense_graphs: bool = False
+    graphs: bool = False
     # inside those graphs, the candidate path on its own stream (2) or not (1):
     # same kernels, same numbers; 1 is the reference of an A/B
-    dense_graph_streams: int = 2
-    # optimization
-    dense_lr: float = 3e-3
-    emb_optimizer: str = "adagrad"
-    emb_lr: float = 0.05
-    assignment: str = "hashed"
-    # evaluation and output
-    eval_every: int = 30
-    eval_batches: int = 4
-    metrics_path: str = ""
-    trace_path: str = ""
-    trace_steps: str = ""
-    progress: bool = True
-    # data loading: worker processes per rank (-1: auto, 0 on CPU ranks)
-    loader_workers: int = -1
-    # fault injection (checks the metrics): extra compute / loader time per step
-    delay_compute_ms: float = 0.0
-    delay_loader_ms: float = 0.0
-    delay_ranks: str = ""  # ranks affected, e.g. "1" or "0,2"; empty = all
-    # print every call site where the host waits for the GPU (after warm-up)
-    sync_debug: bool = False
-    # reliability (freescale.pipeline.checkpoint / liveness / inputs)
-    checkpoint_dir: str = ""  # where checkpoints go; empty = none
-    checkpoint_every: int = 0  # steps between checkpoints (0: only on SIGTERM)
-    checkpoint_keep: int = 2  # newest complete checkpoints kept
-    resume: str = ""  # a checkpoint, or a checkpoint_dir (its newest); empty = start at 0
-    timeout_s: float = 300.0  # collective timeout: a stuck rank fails the run after this
+    graph_streams: int = 2
+
+    def __post_init__(self) -> None:
+        _choice("dense.amp", self.amp, ("none", "bf16"))
+        _finite("dense", "lr", self.lr, 0, strict=True)
+        if self.graph_streams not in (1, 2):
+            raise ValueError(f"dense.graph_streams must be 1 or 2, got {self.graph_streams}")
+
+
+@dataclass(frozen=True)
+class BalanceSection:
+    """Sequence load balancing (docs/balance.md)."""
+
+    method: str = "none"  # none | fbs | vbs | cost
+    plan_process: str = "auto"  # partition in a helper process: auto (on GPUs) | on | off
+    counts: str = "equal"  # method=cost: equal | variable local batch sizes
+    max_local_batch: int = 0  # counts=variable: per-rank cap (0: 2 x batch_size)
+
+    def __post_init__(self) -> None:
+        _choice("balance.method", self.method, BALANCE)
+        _choice("balance.plan_process", self.plan_process, ("auto", "on", "off"))
+        _choice("balance.counts", self.counts, ("equal", "variable"))
+        if self.counts == "variable" and self.method != "cost":
+            raise ValueError("balance.counts=variable needs balance.method=cost")
+        _at_least(self, "balance", ("max_local_batch",), 0)
+
+
+@dataclass(frozen=True)
+class PipelineSection:
+    """The schedule and its communication."""
+
+    # freescale's prioritized updates hide the exclusive rows' gradient exchange
+    # and update behind the next step; at one rank there is no exchange and one
+    # stream, so "auto" runs freescale there with sdd's schedule (same numbers,
+    # less work); "on" keeps the split at any world size
+    prioritize: str = "auto"
+    comm_backend: str = "torch"  # torch | smfree[-shm|-gloo|-hier] (docs/comm.md)
+    # backend of the exchanges issued ahead of their use (balancer stage III, the
+    # embedding prefetches, deferred gradients); empty: the same as comm_backend
+    comm_overlapped: str = ""
+    sync_debug: bool = False  # print every host wait for the GPU (after warm-up)
+
+    def __post_init__(self) -> None:
+        _choice("pipeline.prioritize", self.prioritize, ("auto", "on"))
+        _choice("pipeline.comm_backend", self.comm_backend, COMM_BACKENDS)
+        if self.comm_overlapped:
+            _choice("pipeline.comm_overlapped", self.comm_overlapped, COMM_BACKENDS)
+
+
+@dataclass(frozen=True)
+class EvaluationSection:
+    every: int = 30  # steps between held-out evaluations (0: none during training)
+    batches: int = 4  # batches per evaluation
+
+    def __post_init__(self) -> None:
+        _at_least(self, "evaluation", ("every",), 0)
+        _at_least(self, "evaluation", ("batches",), 1)
+
+
+@dataclass(frozen=True)
+class CheckpointSection:
+    dir: str = ""  # where checkpoints go; empty = none
+    every: int = 0  # steps between checkpoints (0: only on SIGTERM)
+    keep: int = 2  # newest complete checkpoints kept
+    resume: str = ""  # a checkpoint, or a checkpoint dir (its newest); empty = start at 0
+
+    def __post_init__(self) -> None:
+        _at_least(self, "checkpoint", ("every",), 0)
+        _at_least(self, "checkpoint", ("keep",), 1)
+        if self.every and not self.dir:
+            raise ValueError("checkpoint.every needs checkpoint.dir (where to write them)")
+
+
+@dataclass(frozen=True)
+class FaultsSection:
+    """Injected faults (they check the metrics and the guard) and the non-finite guard."""
+
+    delay_compute_ms: float = 0.0  # extra compute per step
+    delay_loader_ms: float = 0.0  # the loader hands out a batch per that many ms at most
+    delay_ranks: str = ""  # ranks delayed, e.g. "1" or "0,2"; empty = all
     # a step whose loss or gradients are not finite on some rank changes nothing on
     # any rank and is counted; "raise" fails the run after nonfinite_max_skips
     # consecutive skipped steps (0: on the first), "skip" never does
     nonfinite: str = "raise"
     nonfinite_max_skips: int = 3
-    eval_only: bool = False  # `freescale eval`: restore ``resume``, evaluate, no training
+    nan_steps: str = ""  # steps whose loss is made NaN, e.g. "3" or "3,4"; empty = none
+    nan_ranks: str = ""  # ranks where that happens; empty = all
 
     def __post_init__(self) -> None:
-        _choice("mode", self.mode, MODES)
-        _choice("balance", self.balance, BALANCE)
-        _choice("prioritize", self.prioritize, ("auto", "on"))
-        _choice("device", self.device, DEVICES)
-        _choice("comm_backend", self.comm_backend, COMM_BACKENDS)
-        if self.comm_overlapped:
-            _choice("comm_overlapped", self.comm_overlapped, COMM_BACKENDS)
-        _choice("emb_optimizer", self.emb_optimizer, EMB_OPTIMIZERS)
-        _choice("assignment", self.assignment, ("hashed", "block"))
-        _choice("attention", self.attention, ("auto", "reference", "varlen"))
-        _choice("amp", self.amp, ("none", "bf16"))
-        _choice("plan_process", self.plan_process, ("auto", "on", "off"))
-        _choice("balance_counts", self.balance_counts, ("equal", "variable"))
-        _choice("nonfinite", self.nonfinite, ("raise", "skip"))
-        for name in ("model_options", "data_options"):
-            if not isinstance(getattr(self, name), dict):
-                section = name.split("_")[0]
-                raise ValueError(f"{name} is set as {section}.KEY=VALUE, one key at a time")
-        if self.model and ":" not in self.model:
-            raise ValueError(f"model={self.model!r} must look like package.module:factory")
-        if self.dense_graph_streams not in (1, 2):
-            raise ValueError(f"dense_graph_streams must be 1 or 2, got {self.dense_graph_streams}")
-        if self.dense_graphs and self.attention == "reference":
-            raise ValueError("dense_graphs=true needs attention=auto or varlen (CUDA graphs)")
-        if self.balance_counts == "variable" and self.balance != "cost":
-            raise ValueError("balance_counts=variable needs balance=cost")
-        if self.max_local_batch and self.max_local_batch < self.batch_size:
-            raise ValueError(f"max_local_batch must be 0 or >= batch_size ({self.batch_size})")
-        for name in (
-            "nproc",
-            "steps",
-            "batch_size",
-            "num_items",
-            "dim",
-            "item_dim",
-            "heads",
-            "layers",
-            "max_candidates",
-            "eval_batches",
-            "max_uih",
-            "length_cap",
-            "checkpoint_keep",
-            "target_stride",
-            "eval_negatives",
-        ):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in (
-            "warmup",
-            "max_content",
-            "eval_every",
-            "checkpoint_every",
-            "nonfinite_max_skips",
-            "samples_per_user",
-        ):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.warmup >= self.steps:
-            raise ValueError(f"warmup ({self.warmup}) must be < steps ({self.steps})")
-        if self.item_dim != self.dim:
-            raise ValueError(
-                f"item table dim mismatch: item_dim={self.item_dim} but the model's dim is "
-                f"{self.dim} (the reference model feeds item embeddings in directly)"
-            )
-        if self.dim % self.heads:
-            raise ValueError(f"dim ({self.dim}) must be divisible by heads ({self.heads})")
-        if not 0.0 <= self.step_overlap <= 1.0:
-            raise ValueError(f"step_overlap must lie in [0, 1], got {self.step_overlap}")
-        for name in ("dense_lr", "emb_lr", "length_median", "zipf_alpha"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be a finite number > 0, got {value}")
-        if not (math.isfinite(self.length_sigma) and self.length_sigma >= 0):
-            raise ValueError(f"length_sigma must be a finite number >= 0, got {self.length_sigma}")
-        if not (math.isfinite(self.timeout_s) and self.timeout_s >= 1):
-            raise ValueError(
-                f"timeout_s must be a finite number of seconds >= 1, got {self.timeout_s}"
-            )
-        if self.checkpoint_every and not self.checkpoint_dir:
-            raise ValueError("checkpoint_every needs checkpoint_dir (where to write them)")
+        _finite("faults", "delay_compute_ms", self.delay_compute_ms, 0)
+        _finite("faults", "delay_loader_ms", self.delay_loader_ms, 0)
+        _choice("faults.nonfinite", self.nonfinite, ("raise", "skip"))
+        _at_least(self, "faults", ("nonfinite_max_skips",), 0)
+        for name in ("delay_ranks", "nan_steps", "nan_ranks"):
+            try:
+                parse_ranks(getattr(self, name))
+            except ValueError:
+                raise ValueError(
+                    f"faults.{name} must be comma-separated numbers >= 0, "
+                    f"got {getattr(self, name)!r}"
+                ) from None
+
+
+@dataclass(frozen=True)
+class OutputSection:
+    metrics_path: str = ""  # one JSON line per step (rank 0)
+    trace_path: str = ""  # a profiler trace ("{rank}" in it: one file per rank)
+    trace_steps: str = ""  # its steps, e.g. "10-12" (default 2-3)
+    progress: bool = True
+
+    def __post_init__(self) -> None:
         if self.trace_steps:
             trace_window(self.trace_steps)
-        if self.loader_workers < -1:
-            raise ValueError(f"loader_workers must be -1 (auto) or >= 0, got {self.loader_workers}")
-        for name in ("delay_compute_ms", "delay_loader_ms"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value >= 0):
-                raise ValueError(f"{name} must be a finite number >= 0, got {value}")
-        parse_ranks(self.delay_ranks)
+
+
+SECTIONS: dict[str, type] = {
+    "run": RunSection,
+    "data": DataSection,
+    "model": ModelSection,
+    "embeddings": EmbeddingsSection,
+    "dense": DenseSection,
+    "balance": BalanceSection,
+    "pipeline": PipelineSection,
+    "evaluation": EvaluationSection,
+    "checkpoint": CheckpointSection,
+    "faults": FaultsSection,
+    "output": OutputSection,
+}
+SHORTHANDS = {"data": "data.source", "model": "model.factory", "balance": "balance.method"}
+OPTION_SECTIONS = ("data", "model")  # their other keys are factory options
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """A run's configuration: one section per component (see the module docstring).
+
+    ``eval_only`` is no key: `freescale eval` sets it (restore, evaluate, no training)."""
+
+    run: RunSection = field(default_factory=RunSection)
+    data: DataSection = field(default_factory=DataSection)
+    model: ModelSection = field(default_factory=ModelSection)
+    embeddings: EmbeddingsSection = field(default_factory=EmbeddingsSection)
+    dense: DenseSection = field(default_factory=DenseSection)
+    balance: BalanceSection = field(default_factory=BalanceSection)
+    pipeline: PipelineSection = field(default_factory=PipelineSection)
+    evaluation: EvaluationSection = field(default_factory=EvaluationSection)
+    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    faults: FaultsSection = field(default_factory=FaultsSection)
+    output: OutputSection = field(default_factory=OutputSection)
+    eval_only: bool = False
+
+    def __post_init__(self) -> None:
+        # The only checks across sections: each names both keys.
+        cap = self.balance.max_local_batch
+        if cap and cap < self.run.batch_size:
+            raise ValueError(
+                f"balance.max_local_batch must be 0 or >= run.batch_size ({self.run.batch_size})"
+            )
+
+    def __getattr__(self, name: str) -> Any:
+        """An old flat key read as an attribute (``cfg.batch_size``): its
+        section's value, with a DeprecationWarning (one release)."""
+        path = ALIASES.get(name) if not name.startswith("_") else None
+        if path is None:
+            raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+        warnings.warn(notice_text(name, path), DeprecationWarning, stacklevel=2)
+        section, _, key = path.partition(".")
+        values = getattr(self, section)
+        if section == "model" and key != "options":
+            return values.options.get(key)
+        return getattr(values, key)
 
     def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """``{section: {key: value}}`` (what manifests and --print-config hold)."""
+        out = {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
+        return {**out, "eval_only": self.eval_only} if self.eval_only else out
 
+    @staticmethod
+    def from_dict(values: dict[str, Any]) -> TrainConfig:
+        """The inverse of `as_dict`; a flat dict (an old manifest) is mapped by `ALIASES`."""
+        if not any(isinstance(v, dict) and k in SECTIONS for k, v in values.items()):
+            values = nested_from_flat(values)
+        sections = {k: SECTIONS[k](**v) for k, v in values.items() if k in SECTIONS}
+        return TrainConfig(**sections, eval_only=bool(values.get("eval_only", False)))
 
-def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
+    def with_values(self, **paths: Any) -> TrainConfig:
+        """A copy with ``section__key=value`` (or ``section=Section``) replaced."""
+        changes: dict[str, Any] = {}
+        for path, value in paths.items():
+            name, _, key = path.partition("__")
+            if not key:
+                changes[name] = value
+                continue
+            current = changes.get(name, getattr(self, name))
+            changes[name] = replace(current, **{key: value})
+        return replace(self, **changes)
 
 
 def trace_window(text: str) -> tuple[int, int]:
@@ -220,28 +394,118 @@ def trace_window(text: str) -> tuple[int, int]:
     try:
         a, b = (int(x) for x in text.split("-"))
     except ValueError:
-        raise ValueError(f"trace_steps must look like '10-12', got {text!r}") from None
+        raise ValueError(f"output.trace_steps must look like '10-12', got {text!r}") from None
     if not 0 <= a <= b:
-        raise ValueError(f"trace_steps must be an increasing range, got {text!r}")
+        raise ValueError(f"output.trace_steps must be an increasing range, got {text!r}")
     return a, b
 
 
-# GPU runs (one process per GPU): the paper's long-UIH regime, bf16 autocast.
-_H200 = dict(
-    device="cuda", nproc=2, steps=60, warmup=10, batch_size=64, num_items=10_000_000,
-    length_median=4_500, length_sigma=0.55, length_cap=17_000, max_candidates=8,
-    max_content=4, dim=256, item_dim=256, heads=4, layers=4, emb_optimizer="adagrad",
-    eval_every=0, deterministic=False, amp="bf16",
-)  # fmt: skip
-
-PRESETS: dict[str, dict[str, Any]] = {
-    # The README demo: 2 gloo ranks on the CPU, small model, long-tail data.
-    "demo": {},
-    "h200-8k": {**_H200, "max_uih": 8_000},
-    "h200-21k": {**_H200, "max_uih": 21_000},
+# ---- the old flat keys (one release) ---------------------------------------------------
+_SAME_NAME = {
+    "run": [f.name for f in fields(RunSection)],
+    "data": [f.name for f in fields(DataSection) if f.name not in ("source", "options")],
+    "embeddings": [],
+    "pipeline": [f.name for f in fields(PipelineSection)],
+    "faults": [f.name for f in fields(FaultsSection) if not f.name.startswith("nan_")],
+    "output": [f.name for f in fields(OutputSection)],
+}
+ALIASES: dict[str, str] = {
+    **{key: f"{section}.{key}" for section, keys in _SAME_NAME.items() for key in keys},
+    "data_options": "data.options",
+    "model_options": "model.options",
+    "dim": "model.dim",
+    "heads": "model.heads",
+    "layers": "model.layers",
+    "attention": "model.attention",
+    "item_dim": "model.dim",  # the table's dim is the model's: equal or an error
+    "amp": "dense.amp",
+    "dense_graphs": "dense.graphs",
+    "dense_graph_streams": "dense.graph_streams",
+    "dense_lr": "dense.lr",
+    "emb_optimizer": "embeddings.optimizer",
+    "emb_lr": "embeddings.lr",
+    "assignment": "embeddings.assignment",
+    "plan_process": "balance.plan_process",
+    "balance_counts": "balance.counts",
+    "max_local_batch": "balance.max_local_batch",
+    "eval_every": "evaluation.every",
+    "eval_batches": "evaluation.batches",
+    "checkpoint_dir": "checkpoint.dir",
+    "checkpoint_every": "checkpoint.every",
+    "checkpoint_keep": "checkpoint.keep",
+    "resume": "checkpoint.resume",
 }
 
 
+def nested_from_flat(flat: dict[str, Any]) -> dict[str, Any]:
+    """An old flat config dict (a manifest) as ``{section: {key: value}}``."""
+    out: dict[str, Any] = {name: {} for name in SECTIONS}
+    for key, value in flat.items():
+        if key == "eval_only":
+            out[key] = value
+            continue
+        path = SHORTHANDS.get(key) or ALIASES.get(key)
+        if path is None or key == "item_dim":
+            continue  # a key that no longer exists (item_dim follows model.dim)
+        section, _, name = path.partition(".")
+        if key == "model":
+            value = value or BUILTIN_MODEL
+        elif section == "model" and name != "options":
+            # The built-in model's keys: another factory never got them.
+            if not flat.get("model"):
+                out["model"].setdefault("options", {})[name] = value
+            continue
+        if name != "options":
+            out[section][name] = value
+    for section in OPTION_SECTIONS:  # the factory's own options win, as they did
+        given = flat.get(f"{section}_options") or {}
+        out[section]["options"] = {**out[section].get("options", {}), **given}
+    return out
+
+
+# ---- presets ---------------------------------------------------------------------------
+def demo() -> TrainConfig:
+    """The README demo: 2 gloo ranks on the CPU, a small model, long-tail data."""
+    return TrainConfig(model=ModelSection(options={"dim": 32, "heads": 2, "layers": 1}))
+
+
+def _h200(max_uih: int) -> TrainConfig:
+    """GPU runs (one process per GPU): the paper's long-UIH regime, bf16 autocast."""
+    return TrainConfig(
+        run=RunSection(
+            device="cuda", nproc=2, steps=60, warmup=10, batch_size=64, deterministic=False
+        ),
+        data=DataSection(
+            num_items=10_000_000,
+            max_uih=max_uih,
+            length_median=4_500,
+            length_sigma=0.55,
+            length_cap=17_000,
+            max_candidates=8,
+            max_content=4,
+        ),
+        model=ModelSection(options={"dim": 256, "heads": 4, "layers": 4}),
+        dense=DenseSection(amp="bf16"),
+        evaluation=EvaluationSection(every=0),
+    )
+
+
+def h200_8k() -> TrainConfig:
+    return _h200(8_000)
+
+
+def h200_21k() -> TrainConfig:
+    return _h200(21_000)
+
+
+PRESETS: dict[str, Callable[[], TrainConfig]] = {
+    "demo": demo,
+    "h200-8k": h200_8k,
+    "h200-21k": h200_21k,
+}
+
+
+# ---- key=value overrides ---------------------------------------------------------------
 def parse_value(field_type: Any, key: str, text: str) -> Any:
     kind = field_type if isinstance(field_type, str) else getattr(field_type, "__name__", "")
     try:
@@ -268,29 +532,122 @@ def option_value(text: str) -> Any:
         return text
 
 
-_OPTION_SECTIONS = {"model.": "model_options", "data.": "data_options"}
+def known_keys() -> list[str]:
+    """Every ``section.key`` (what ``--set`` accepts besides factory options)."""
+    return [
+        f"{name}.{f.name}"
+        for name, cls in SECTIONS.items()
+        for f in fields(cls)
+        if f.name != "options"
+    ]
 
 
-def build_config(preset: str = "demo", overrides: list[str] | None = None) -> TrainConfig:
-    """A preset with ``key=value`` overrides applied; unknown keys are errors.
+def _types() -> dict[str, Any]:
+    return {f"{n}.{f.name}": f.type for n, cls in SECTIONS.items() for f in fields(cls)}
 
-    ``model.KEY=VALUE`` / ``data.KEY=VALUE`` become options of the model /
-    data factory (JSON literals, else strings)."""
+
+def deprecation_warning(key: str, path: str) -> None:
+    """The default notice of an old flat key: a DeprecationWarning (library callers)."""
+    warnings.warn(notice_text(key, path), DeprecationWarning, stacklevel=4)
+
+
+def notice_text(key: str, path: str) -> str:
+    return f"config key {key!r} is deprecated (removed next release): use {path!r}"
+
+
+class _Values:
+    """A config being built: ``{section: {key: value}}`` plus what was set how."""
+
+    def __init__(self, base: TrainConfig) -> None:
+        self.values = base.as_dict()
+        self.base_factory = base.model.factory
+        self.set_options: dict[str, Any] = {}  # model options set explicitly
+        self.item_dim: int | None = None
+
+    def set(self, path: str, value: Any) -> None:
+        section, _, key = path.partition(".")
+        if key == "options":
+            if section == "model":
+                self.set_options.update(value)
+            self.values[section]["options"] = {**self.values[section]["options"], **value}
+        elif section == "model" and key != "factory":
+            self.set_options[key] = value
+            self.values["model"]["options"][key] = value
+        else:
+            self.values[section][key] = value
+
+    def build(self) -> TrainConfig:
+        model = self.values["model"]
+        if model["factory"] != self.base_factory:
+            # The preset's options were the built-in model's: another factory gets
+            # only those set for it.
+            model["options"] = dict(self.set_options)
+        if self.item_dim is not None and self.item_dim != model["options"].get("dim"):
+            raise ValueError(
+                f"item table dim mismatch: item_dim={self.item_dim} but the model's dim is "
+                f"{model['options'].get('dim')} (the table's dim follows model.dim)"
+            )
+        return TrainConfig.from_dict(self.values)
+
+
+def build_config(
+    preset: str = "demo",
+    overrides: list[str] | None = None,
+    on_deprecated: Callable[[str, str], None] | None = None,
+) -> TrainConfig:
+    """A preset with ``section.key=value`` overrides applied; unknown keys are errors.
+
+    ``data.KEY=VALUE`` / ``model.KEY=VALUE`` outside the section's fields become
+    options of the data source / model factory (JSON literals, else strings).
+    An old flat key is mapped by `ALIASES` and reported to ``on_deprecated(key,
+    new path)`` (default: a DeprecationWarning)."""
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; presets: {', '.join(PRESETS)}")
-    types = {f.name: f.type for f in fields(TrainConfig)}
-    values = dict(PRESETS[preset])
+    notify = on_deprecated or deprecation_warning
+    types = _types()
+    state = _Values(PRESETS[preset]())
     for item in overrides or []:
         key, sep, text = item.partition("=")
-        key = key.strip()
+        key, text = key.strip(), text.strip()
         if not sep:
             raise ValueError(f"override {item!r} must look like key=value")
-        section = next((v for k, v in _OPTION_SECTIONS.items() if key.startswith(k)), None)
-        if section is not None and key.split(".", 1)[1]:
-            name = key.split(".", 1)[1]
-            values[section] = {**values.get(section, {}), name: option_value(text.strip())}
+        path = SHORTHANDS.get(key) or key
+        section, _, name = path.partition(".")
+        if key in ("data_options", "model_options"):
+            raise ValueError(f"{key} is set as {key.split('_')[0]}.KEY=VALUE, one key at a time")
+        if path not in types and key in ALIASES:  # an old flat key
+            path = ALIASES[key]
+            notify(key, path)
+            section, _, name = path.partition(".")
+            if key == "item_dim":
+                state.item_dim = parse_value("int", key, text)
+                continue
+        if section in OPTION_SECTIONS and name and path not in types:
+            state.set(f"{section}.options", {name: option_value(text)})
             continue
-        if key not in types:
-            raise ValueError(f"unknown config key {key!r}; known keys: {', '.join(types)}")
-        values[key] = parse_value(types[key], key, text.strip())
-    return replace(TrainConfig(), **values)
+        if path not in types:
+            raise ValueError(
+                f"unknown config key {key!r}; keys are section.key: {', '.join(known_keys())}"
+            )
+        value = parse_value(types[path], key, text)
+        if path == "model.factory" and not value:
+            value = BUILTIN_MODEL  # the old "model=" (empty): the built-in model
+        state.set(path, value)
+    return state.build()
+
+
+def resolve_alias(key: str) -> str | None:
+    """The ``section.key`` an old flat key maps to (None: not an old key)."""
+    return ALIASES.get(key)
+
+
+def format_config(cfg: TrainConfig) -> str:
+    """``--print-config``: one block per section, one ``key = value`` line per key."""
+    lines = []
+    for section, values in cfg.as_dict().items():
+        if section == "eval_only":
+            continue
+        lines.append(f"[{section}]")
+        for key, value in values.items():
+            lines.append(f"{key} = {json.dumps(value)}")
+    return "\n".join(lines)

@@ -11,6 +11,7 @@ must show the first as straggler time and the second as data wait.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import torch
 
@@ -61,3 +62,27 @@ def _cycles_per_ms() -> float:
     end.record()
     end.synchronize()
     return n / start.elapsed_time(end)
+
+
+class LossFault:
+    """``faults.nan_steps`` / ``nan_ranks``: this rank's loss is made NaN at
+    those steps (it checks the non-finite guard end to end)."""
+
+    def __init__(self, steps_text: str, ranks_text: str, rank: int) -> None:
+        steps = parse_ranks(steps_text) or set()
+        self.steps = steps if applies(ranks_text, rank) else set()
+
+    def __call__(self, step: int, loss: torch.Tensor) -> torch.Tensor:
+        return loss * float("nan") if step in self.steps else loss
+
+
+class Faults:
+    """The ``faults`` section on this rank: ``delay_compute()``, ``delay_loader_ms``
+    and ``loss(step, loss)`` (NaN at ``nan_steps``); the non-finite policy is
+    `freescale.pipeline.dense`'s."""
+
+    def __init__(self, section: Any, rank: int, device: torch.device) -> None:
+        delayed = applies(section.delay_ranks, rank)
+        self.delay_compute = ComputeDelay(section.delay_compute_ms if delayed else 0.0, device)
+        self.delay_loader_ms = section.delay_loader_ms if delayed else 0.0
+        self.loss = LossFault(section.nan_steps, section.nan_ranks, rank)

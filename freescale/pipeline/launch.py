@@ -1,7 +1,7 @@
 """Start the ranks of a training run: under ``torchrun``, or spawned by us.
 
 Under ``torchrun`` (RANK/WORLD_SIZE in the environment) this process is one
-rank. Otherwise ``cfg.nproc`` processes are spawned on this host (gloo on the
+rank. Otherwise ``cfg.run.nproc`` processes are spawned on this host (gloo on the
 CPU, NCCL with one GPU each), around a rendezvous store that lives here, in
 the launcher, so that a frozen rank cannot take the store (and the
 heartbeats, `freescale.pipeline.liveness`) down with it.
@@ -39,9 +39,10 @@ import torch.multiprocessing as mp
 
 from freescale.pipeline.checks import check_launch
 from freescale.pipeline.config import TrainConfig
+from freescale.pipeline.export import full_state_dict
 from freescale.pipeline.liveness import EXIT_STOPPED, die_with_parent, was_stopped
 from freescale.pipeline.nonfinite import NonFiniteError
-from freescale.pipeline.train import run_rank
+from freescale.pipeline.train import Trainer
 
 
 class RunFailed(RuntimeError):
@@ -49,7 +50,7 @@ class RunFailed(RuntimeError):
 
 
 def _backend(cfg: TrainConfig) -> str:
-    cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    cuda = cfg.run.device == "cuda" or (cfg.run.device == "auto" and torch.cuda.is_available())
     return "nccl" if cuda else "gloo"
 
 
@@ -74,16 +75,16 @@ def launch(
     it is not repeated (it hashes a resumed checkpoint).
     """
     if not checked:
-        check_launch(cfg)
+        check_launch(cfg, model_given=model is not None)
     job = RankJob(model, data, state_dict)
     if under_torchrun():
         die_with_parent()  # the torchrun agent
         return _run_initialized(
             cfg, int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), job=job
         )
-    if _backend(cfg) == "nccl" and cfg.nproc > torch.cuda.device_count():
-        raise ValueError(f"nproc={cfg.nproc} but only {torch.cuda.device_count()} GPUs")
-    if job.api and cfg.nproc == 1:
+    if _backend(cfg) == "nccl" and cfg.run.nproc > torch.cuda.device_count():
+        raise ValueError(f"nproc={cfg.run.nproc} but only {torch.cuda.device_count()} GPUs")
+    if job.api and cfg.run.nproc == 1:
         if dist.is_initialized():
             raise ValueError("freescale.train at nproc=1 needs no process group of the caller's")
         os.environ.setdefault("LOCAL_RANK", "0")
@@ -92,10 +93,10 @@ def launch(
     store = dist.TCPStore(
         "127.0.0.1",
         0,
-        cfg.nproc + 1,
+        cfg.run.nproc + 1,
         is_master=True,
         wait_for_workers=False,
-        timeout=timedelta(seconds=cfg.timeout_s),
+        timeout=timedelta(seconds=cfg.run.timeout_s),
     )
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
@@ -105,7 +106,7 @@ def launch(
             args=(rank, cfg, store.port, results, os.getpid(), job),
             daemon=False,
         )
-        for rank in range(cfg.nproc)
+        for rank in range(cfg.run.nproc)
     ]
     with _forward_sigterm(procs):
         for p in procs:
@@ -130,7 +131,7 @@ def _join(procs: list[Any], results: Any, cfg: TrainConfig) -> dict[str, Any] | 
             break
         if done_since is None and any(p.exitcode is not None for p in procs):
             done_since = time.monotonic()
-        if done_since is not None and time.monotonic() - done_since > cfg.timeout_s:
+        if done_since is not None and time.monotonic() - done_since > cfg.run.timeout_s:
             break  # one rank finished, another never did: don't wait forever
     deadline = time.monotonic() + 1.0  # what a failing rank sent may still be in the pipe
     while time.monotonic() < deadline and summary is None and not errors:
@@ -219,17 +220,17 @@ def _spawned(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
         RANK=str(rank),
-        WORLD_SIZE=str(cfg.nproc),
+        WORLD_SIZE=str(cfg.run.nproc),
         LOCAL_RANK=str(rank),
-        LOCAL_WORLD_SIZE=str(cfg.nproc),
+        LOCAL_WORLD_SIZE=str(cfg.run.nproc),
     )
     if _backend(cfg) == "gloo":
-        torch.set_num_threads(_rank_threads(cfg.nproc))
+        torch.set_num_threads(_rank_threads(cfg.run.nproc))
     store = dist.TCPStore(
-        "127.0.0.1", port, is_master=False, timeout=timedelta(seconds=cfg.timeout_s)
+        "127.0.0.1", port, is_master=False, timeout=timedelta(seconds=cfg.run.timeout_s)
     )
     try:
-        summary = _run_initialized(cfg, rank, cfg.nproc, store, job)
+        summary = _run_initialized(cfg, rank, cfg.run.nproc, store, job)
     except BaseException as e:
         # input and non-finite errors are one line; the rest keep a trace
         if not isinstance(e, (ValueError, NonFiniteError)):
@@ -258,10 +259,36 @@ def _run_initialized(
     backend = _backend(cfg)
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
-    timeout = timedelta(seconds=cfg.timeout_s)
+    timeout = timedelta(seconds=cfg.run.timeout_s)
     dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout, store=store)
     try:
         job = job or RankJob()
         return run_rank(cfg, job.model, job.data, job.state_dict)
     finally:
         dist.destroy_process_group()
+
+
+def run_rank(
+    cfg: TrainConfig, model: Any = None, data: Any = None, state_dict: bool | None = None
+) -> dict[str, Any] | None:
+    """Train on this rank (process group initialized); rank 0 returns the summary
+    (with ``state_dict`` not None, the Python API's result: `freescale.api`).
+
+    A collective that timed out is re-raised naming the stuck rank(s).
+    """
+    trainer = Trainer(cfg, model, data)
+    try:
+        summary = trainer.run()
+        if state_dict is None:
+            return summary
+        state = None
+        if state_dict:  # a collective: every rank gathers
+            state = full_state_dict(trainer.model, trainer.embeddings, trainer.sparse.swapped)
+        if trainer.rank != 0:
+            return None
+        return {"summary": summary, "steps": trainer.summary.steps, "state_dict": state}
+    except RuntimeError as e:
+        explained = trainer.liveness.explain_timeout(e)
+        if explained is None:
+            raise
+        raise RuntimeError(explained) from e

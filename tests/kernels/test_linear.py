@@ -1,9 +1,9 @@
-"""`freescale.models.linear.Linear` (bias gradient by `column_sums`) against ``nn.Linear``."""
+"""`freescale.kernels.linear.Linear` (bias gradient by `column_sums`) against ``nn.Linear``."""
 
 import pytest
 import torch
 
-from freescale.models.linear import Linear, graph_body
+from freescale.kernels.linear import Linear, graph_body
 from freescale.testing.tolerance import assert_reordered_close
 
 

@@ -1,4 +1,5 @@
-"""CUDA graphs of the block stack (`freescale.models.graphs`).
+"""CUDA graphs of the block stack (`freescale.pipeline.graphs`), applied from
+outside the model: `install_graphs` replaces its `block_stack`.
 
 The capture needs CUDA; the padding it relies on does not. On the CPU the
 padded stack (`PaddedBlocks`, the body a graph captures) runs eagerly through
@@ -17,17 +18,20 @@ from hypothesis import strategies as st
 
 from freescale.jagged.batch import UIH_ACTIONS, UIH_IDS
 from freescale.models import ModelConfig, SequenceModel, bce_loss
-from freescale.models.graphs import (
+from freescale.pipeline.checks import check_launch
+from freescale.pipeline.config import build_config
+from freescale.pipeline.graphs import (
     SIZES_PER_OCTAVE,
     BlockGraphs,
     Bucket,
+    GraphedStack,
     PaddedBlocks,
     _segment_masks,
     bucket,
+    check_attention,
+    install_graphs,
     padded_inputs,
 )
-from freescale.pipeline.checks import check_launch
-from freescale.pipeline.config import build_config
 from freescale.testing.batches import random_batch
 from freescale.testing.tolerance import adam_drift, assert_reordered_close, steps_tol
 from tests.models.test_layout_once import BLOCK_DEPTH, fake_varlen_attn
@@ -221,13 +225,18 @@ def test_last_block_skips_the_unread_uih_update_bit_for_bit():
 
 @pytest.mark.numeric
 def test_graphs_are_off_the_cpu_path_bit_for_bit():
-    """``graphs=True`` changes nothing where no graph can run (CPU, no grad)."""
+    """Installed graphs change nothing where no graph can run (CPU, no grad),
+    and keep the model's parameters and state dict keys."""
     batch = random_batch(seed=7, batch_size=5, max_uih=9)
     out = []
     for graphs in (False, True):
         torch.manual_seed(0)
-        m = SequenceModel(ModelConfig(num_items=100, dim=16, heads=2, layers=2, graphs=graphs))
-        assert (m.graphs is not None) == graphs
+        m = SequenceModel(ModelConfig(num_items=100, dim=16, heads=2, layers=2))
+        keys = list(m.state_dict())
+        if graphs:
+            install_graphs(m, two_streams=True, own_grads=False)
+        assert isinstance(m.blocks, GraphedStack) == graphs
+        assert list(m.state_dict()) == keys
         logits = m(batch)
         loss = bce_loss(logits, batch.labels, batch.labels.numel())
         loss.backward()
@@ -235,24 +244,26 @@ def test_graphs_are_off_the_cpu_path_bit_for_bit():
     assert all(torch.equal(a, b) for a, b in zip(*out, strict=True))
 
 
-def test_config_refuses_graphs_without_cuda_or_varlen():
+def test_graphs_are_refused_without_cuda_varlen_or_a_block_stack():
     with pytest.raises(ValueError, match="needs a CUDA device"):
-        check_launch(build_config("demo", ["device=cpu", "dense_graphs=true"]))
-    with pytest.raises(ValueError, match="attention=auto or varlen"):
-        build_config("demo", ["dense_graphs=true", "attention=reference"])
-    with pytest.raises(ValueError, match="varlen attention"):
-        ModelConfig(graphs=True, attention="reference")
-    with pytest.raises(ValueError, match="dense_graph_streams must be 1 or 2"):
-        build_config("demo", ["dense_graph_streams=3"])
-    with pytest.raises(ValueError, match="graph_streams must be 1 or 2"):
-        ModelConfig(graph_streams=0)
+        check_launch(build_config("demo", ["run.device=cpu", "dense.graphs=true"]))
+    with pytest.raises(ValueError, match=r"model\.attention=auto or varlen"):
+        check_attention("reference")
+    m = SequenceModel(ModelConfig(num_items=10, dim=8, heads=2, layers=1, attention="reference"))
+    with pytest.raises(ValueError, match=r"model\.attention=auto or varlen"):
+        install_graphs(m, two_streams=True, own_grads=False)
+    with pytest.raises(ValueError, match=r"dense\.graph_streams must be 1 or 2"):
+        build_config("demo", ["dense.graph_streams=3"])
+    with pytest.raises(ValueError, match="needs a model with a block_stack"):
+        install_graphs(torch.nn.Linear(2, 2), two_streams=True, own_grads=False)
 
 
 # ---- GPU: the captured graphs against eager training ---------------------------------
 def _train(graphs: bool, amp: bool, steps: int = 6, seed: int = 0):
     torch.manual_seed(seed)
-    cfg = ModelConfig(num_items=500, dim=64, heads=2, layers=2, dense_dim=2, graphs=graphs)
+    cfg = ModelConfig(num_items=500, dim=64, heads=2, layers=2, dense_dim=2)
     m = SequenceModel(cfg).cuda()
+    runner = install_graphs(m, two_streams=True, own_grads=False) if graphs else None
     opt = torch.optim.Adam(m.parameters(), lr=LR)
     losses, logits_all, tokens = [], [], []
     # Several buckets, one revisited (the third batch repeats the first's shape).
@@ -269,7 +280,7 @@ def _train(graphs: bool, amp: bool, steps: int = 6, seed: int = 0):
         losses.append(loss.item())
         logits_all.append(logits.detach().float())
         tokens.append(batch.uih[UIH_IDS].numel() + batch.num_candidates_total)
-    return m, losses, logits_all, tokens
+    return m, losses, logits_all, tokens, runner
 
 
 LR, STEPS = 1e-3, 6
@@ -279,8 +290,8 @@ LR, STEPS = 1e-3, 6
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("amp", [False, True])
 def test_graphed_training_tracks_eager_training(amp):
-    eager, l_e, o_e, tokens = _train(False, amp)
-    graphed, l_g, o_g, _ = _train(True, amp)
+    eager, l_e, o_e, tokens, _ = _train(False, amp)
+    graphed, l_g, o_g, _, g = _train(True, amp)
     # Padding changes GEMM shapes (reordered sums); the attention runs in bf16
     # (so does the rest under autocast). Step s's logits come from parameters
     # trained s steps (`steps_tol`); a forward and a backward of 2 blocks each.
@@ -294,7 +305,6 @@ def test_graphed_training_tracks_eager_training(amp):
     # so a near-zero gradient of another sign parts two runs by up to 2 lr per step.
     for p, q in zip(graphed.parameters(), eager.parameters(), strict=True):
         torch.testing.assert_close(p, q, rtol=0, atol=adam_drift(LR, STEPS))
-    g = graphed.graphs
     # The repeated batch replays its graph; the empty-UIH one ran eagerly.
     assert g is not None and 1 <= len(g.graphs) <= g.captures <= 4
 
@@ -341,10 +351,9 @@ def test_lent_gradients_accumulate_like_autograd_bit_for_bit():
     later replay. (Two runs cannot be compared bit for bit: the attention's
     backward accumulates atomically.)"""
     torch.manual_seed(0)
-    cfg = ModelConfig(num_items=500, dim=64, heads=2, layers=2, dense_dim=2, graphs=True)
+    cfg = ModelConfig(num_items=500, dim=64, heads=2, layers=2, dense_dim=2)
     m = SequenceModel(cfg).cuda()
-    assert m.graphs is not None
-    m.graphs.own_grads = True
+    graphs = install_graphs(m, two_streams=True, own_grads=True)
     opt = torch.optim.Adam(m.parameters(), lr=1e-3)
     steps = [[(11, 32), (12, 300)], [(11, 32)], [(13, 40), (11, 32), (13, 40)], [(12, 300)]]
     lent = 0
@@ -354,7 +363,7 @@ def test_lent_gradients_accumulate_like_autograd_bit_for_bit():
             batch = random_batch(seed=seed, batch_size=24, max_uih=max_uih, num_items=500)
             batch = batch.to("cuda")
             bce_loss(m(batch), batch.labels, batch.labels.numel()).backward()
-            for param, graph_grad in m.graphs.lent:  # this replay's gradients
+            for param, graph_grad in graphs.lent:  # this replay's gradients
                 lent += param.grad.data_ptr() == graph_grad.data_ptr()
                 if param not in want:  # zero_grad left zeros (odd k) or nothing
                     want[param] = torch.zeros_like(graph_grad) if k % 2 else None

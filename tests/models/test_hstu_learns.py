@@ -11,7 +11,7 @@ from freescale.testing import run_ranks
 
 
 def _evals(overrides: list[str]) -> list[float]:
-    trainer = Trainer(build_config("demo", [*overrides, "progress=false"]), model=build)
+    trainer = Trainer(build_config("demo", [*overrides, "output.progress=false"]), model=build)
     trainer.run()
     return [e["ne"] for e in trainer.summary.evals]
 
@@ -19,7 +19,9 @@ def _evals(overrides: list[str]) -> list[float]:
 @pytest.mark.slow
 def test_hstu_learns_the_synthetic_data():
     """The demo preset with the default HSTU: held-out NE falls over 60 steps."""
-    evals = run_ranks(_evals, 2, ["steps=60", "eval_every=20", "mode=sdd"], timeout=240)[0]
+    evals = run_ranks(
+        _evals, 2, ["run.steps=60", "evaluation.every=20", "run.mode=sdd"], timeout=240
+    )[0]
     first, *_, last = evals
     assert last < 0.95 and last < first, evals
 
@@ -28,6 +30,6 @@ def test_the_configuration_names_it():
     """``--set model=freescale.models.hstu:build`` with ``model.KEY`` options
     (the CLI's path for any factory: tests/examples/test_categories.py runs it)."""
     cfg = build_config("demo", ["model=freescale.models.hstu:build", "model.dim=16"])
-    built = build_model(cfg, DataSchema.standard(cfg.num_items, 4))
+    built = build_model(cfg.model, DataSchema.standard(cfg.data.num_items, 4))
     assert isinstance(built, HSTUModel) and built.cfg.dim == 16
-    assert built.item_emb.num_embeddings == cfg.num_items
+    assert built.item_emb.num_embeddings == cfg.data.num_items

@@ -15,7 +15,7 @@ SMALL = ["model.dim=16", "model.heads=2", "model.layers=2"]
 
 
 def _run(overrides: list[str]) -> dict:
-    cfg = build_config("demo", [*overrides, "progress=false"])
+    cfg = build_config("demo", [*overrides, "output.progress=false"])
     trainer = Trainer(cfg, model=build)
     emb = trainer.embeddings
     before = emb.full_table("item_emb")
@@ -45,13 +45,13 @@ def _all_modes(overrides: list[str]) -> dict[str, dict]:
     """The three modes one after another in the same ranks: a run_ranks call
     re-imports the trainer in fresh processes (most of a short test's time),
     and each Trainer seeds and builds everything it uses itself."""
-    return {mode: _run([*overrides, f"mode={mode}"]) for mode in ("sync", "sdd", "freescale")}
+    return {mode: _run([*overrides, f"run.mode={mode}"]) for mode in ("sync", "sdd", "freescale")}
 
 
 def _modes_agree(world: int, balance: str, attention: str = "auto") -> None:
     common = [
-        *SMALL, f"model.attention={attention}", "steps=6", "warmup=1", f"nproc={world}",
-        f"balance={balance}", "batch_size=8", "eval_every=0", "prioritize=on",
+        *SMALL, f"model.attention={attention}", "run.steps=6", "run.warmup=1", f"run.nproc={world}",
+        f"balance={balance}", "run.batch_size=8", "evaluation.every=0", "pipeline.prioritize=on",
     ]  # fmt: skip
     ranks = run_ranks(_all_modes, world, common, timeout=240)
     for runs in ranks:

@@ -26,8 +26,8 @@ STEPS = 10
 
 
 def _train(balance: str, mode: str, *extra: str) -> dict:
-    cfg = [f"steps={STEPS}", "warmup=1", "eval_every=0", "progress=false",
-           f"balance={balance}", f"mode={mode}", *extra]  # fmt: skip
+    cfg = [f"run.steps={STEPS}", "run.warmup=1", "evaluation.every=0", "output.progress=false",
+           f"balance={balance}", f"run.mode={mode}", *extra]  # fmt: skip
     trainer = Trainer(build_config("demo", cfg))
     local: list[int] = []  # this rank's balanced batch sizes
     counts: list[torch.Tensor] = []  # this rank's reads of each item row, per step
@@ -82,8 +82,8 @@ def test_balanced_training_matches_unbalanced_at_four_ranks():
 
 # Heavier-tailed lengths than the demo's, so that the cost partitioner does
 # give ranks different counts (with the demo lengths equal counts win).
-TAIL = ("length_median=3", "length_sigma=1.5")
-VARIABLE = ("balance_counts=variable",)
+TAIL = ("data.length_median=3", "data.length_sigma=1.5")
+VARIABLE = ("balance.counts=variable",)
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +103,7 @@ def test_variable_counts_match_unbalanced_and_really_vary(tail_baseline, mode):
 @pytest.mark.slow
 def test_variable_counts_match_unbalanced_at_four_ranks():
     base = _run(4, "none", "sync", *TAIL)
-    got = _run(4, "cost", "sync", *TAIL, *VARIABLE, "max_local_batch=40")
+    got = _run(4, "cost", "sync", *TAIL, *VARIABLE, "balance.max_local_batch=40")
     _assert_uneven([r["local"] for r in got["ranks"]], cap=40)
     _assert_same_run(got, base)
 
@@ -141,8 +141,9 @@ def _assert_same_run(got: dict, base: dict) -> None:
 
 def _losses(tmp_path, plan_process: str) -> list[float]:
     path = tmp_path / f"{plan_process}.jsonl"
-    cfg = ["steps=10", "warmup=1", "eval_every=0", "progress=false", "balance=fbs",
-           f"plan_process={plan_process}", f"metrics_path={path}"]  # fmt: skip
+    cfg = ["run.steps=10", "run.warmup=1", "evaluation.every=0", "output.progress=false",
+           "balance=fbs",
+           f"balance.plan_process={plan_process}", f"output.metrics_path={path}"]  # fmt: skip
     launch(build_config("demo", cfg))  # spawned ranks: run_ranks' daemons can't fork
     return [json.loads(line)["loss"] for line in path.read_text().splitlines()]
 

@@ -27,7 +27,12 @@ from freescale.pipeline.train import Trainer
 from freescale.testing import run_ranks
 from tests.pipeline.test_resume import COMMON, _assert_same, _state
 
-RUN = ["steps=10", "mode=sync", "balance=cost", "deterministic=true"]  # a balancer's state too
+RUN = [
+    "run.steps=10",
+    "run.mode=sync",
+    "balance=cost",
+    "run.deterministic=true",
+]  # a balancer's state too
 READ = ["trainer.pt", "rank0.pt", "rank1.pt", "tables/.metadata"]
 READ += ["tables/__0_0.distcp", "tables/__1_0.distcp"]
 
@@ -43,7 +48,7 @@ class Payload:
 
 
 def _train_rank(ckdir: str) -> dict:
-    every = ["checkpoint_every=5", f"checkpoint_dir={ckdir}"]
+    every = ["checkpoint.every=5", f"checkpoint.dir={ckdir}"]
     trainer = Trainer(build_config("demo", [*COMMON, *RUN, *every]))
     trainer.run()
     return _state(trainer)
@@ -105,7 +110,15 @@ def _cli(capsys, *argv: str) -> tuple[int, str]:
 
 
 def _both_commands(capsys, ck: Path) -> list[tuple[int, str]]:
-    resume = ["train", "--set", "batch_size=16", "--set", "steps=12", "--set", "progress=false"]
+    resume = [
+        "train",
+        "--set",
+        "run.batch_size=16",
+        "--set",
+        "run.steps=12",
+        "--set",
+        "output.progress=false",
+    ]
     return [_cli(capsys, *resume, "--resume", str(ck)), _cli(capsys, "eval", str(ck))]
 
 
@@ -153,7 +166,7 @@ def test_an_older_format_is_refused_with_one_line(made, tmp_path, capsys):
 
 def _restore_rank(ck: str) -> dict:
     """Resume from ``ck`` (the ranks' own check, as under torchrun or the API)."""
-    trainer = Trainer(build_config("demo", [*COMMON, *RUN, f"resume={ck}"]))
+    trainer = Trainer(build_config("demo", [*COMMON, *RUN, f"checkpoint.resume={ck}"]))
     before = trainer.embeddings.full_table("item_emb")
     dense = {k: v.clone() for k, v in trainer.dense_state_dict().items()}
     try:
@@ -199,7 +212,7 @@ def test_every_rank_refuses_with_the_same_line_before_any_change(made, tmp_path,
 
 
 def _resume_rank(ck: str) -> dict:
-    trainer = Trainer(build_config("demo", [*COMMON, *RUN, f"resume={ck}"]))
+    trainer = Trainer(build_config("demo", [*COMMON, *RUN, f"checkpoint.resume={ck}"]))
     torch.manual_seed(123)  # the RNG state must come from the checkpoint
     trainer.run()
     return _state(trainer)

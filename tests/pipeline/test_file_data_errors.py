@@ -6,7 +6,7 @@ from freescale.cli.main import main
 
 
 def _train(capsys, data: str, *extra: str) -> tuple[int, str]:
-    rc = main(["train", "--set", f"data={data}", "--set", "steps=8", *extra])
+    rc = main(["train", "--set", f"data={data}", "--set", "run.steps=8", *extra])
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1, err  # one line, no traceback
     return rc, err[0]
@@ -37,7 +37,7 @@ def test_missing_path_directory_and_zero_max_uih(capsys, tmp_path):
     rc, line = _train(capsys, f"sasrec:{tmp_path}")
     assert rc == 2 and "does not exist or is not a file" in line
     (tmp_path / "ok.txt").write_text("".join(f"{u} {i}\n" for u in range(9) for i in range(6)))
-    rc, line = _train(capsys, f"sasrec:{tmp_path / 'ok.txt'}", "--set", "max_uih=0")
+    rc, line = _train(capsys, f"sasrec:{tmp_path / 'ok.txt'}", "--set", "data.max_uih=0")
     assert rc == 2 and "max_uih must be >= 1, got 0" in line
 
 

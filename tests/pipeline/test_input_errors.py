@@ -17,8 +17,9 @@ from freescale.testing import run_ranks
 from freescale.testing.batches import random_batch
 
 BAD_RANK, BAD_STEP = 1, 3
-COMMON = ["steps=6", "warmup=1", "eval_every=0", "progress=false", "batch_size=8",
-          "timeout_s=60"]  # fmt: skip
+COMMON = ["run.steps=6", "run.warmup=1", "evaluation.every=0", "output.progress=false",
+          "run.batch_size=8",
+          "run.timeout_s=60"]  # fmt: skip
 
 
 def _shift(jf: JaggedFeatures, delta: int, first: int = 1) -> JaggedFeatures:
@@ -96,7 +97,9 @@ def _cases_rank(setting: str) -> dict:
     steps = {r["at_step"] for r in out.values() if r["error"]}
     assert len(steps) == 1, steps
     # (with the balancer two steps ahead, the bad batch is refused when it is loaded)
-    clean = Trainer(build_config("demo", [*COMMON, *mode, f"steps={steps.pop()}", "warmup=0"]))
+    clean = Trainer(
+        build_config("demo", [*COMMON, *mode, f"run.steps={steps.pop()}", "run.warmup=0"])
+    )
     clean.run()
     out["clean"] = _snapshot(clean)
     return out
@@ -104,7 +107,7 @@ def _cases_rank(setting: str) -> dict:
 
 @pytest.fixture(
     scope="module",
-    params=["mode=sync", "mode=sdd", "mode=freescale", "mode=sync balance=fbs"],
+    params=["run.mode=sync", "run.mode=sdd", "run.mode=freescale", "run.mode=sync balance=fbs"],
 )
 def results(request):
     return run_ranks(_cases_rank, 2, request.param, timeout=240)

@@ -14,7 +14,7 @@ from freescale.pipeline.config import build_config
 
 def _rc_and_last_line(capsys, *args: str) -> tuple[int, str, float]:
     start = time.perf_counter()
-    rc = main(["train", "--set", "steps=8", *args])
+    rc = main(["train", "--set", "run.steps=8", *args])
     elapsed = time.perf_counter() - start
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1, err  # one line, no traceback
@@ -24,25 +24,31 @@ def _rc_and_last_line(capsys, *args: str) -> tuple[int, str, float]:
 @pytest.mark.parametrize(
     "args,message",
     [
-        (["--set", "max_uih=0"], "max_uih must be >= 1"),
-        (["--set", "length_cap=0"], "length_cap must be >= 1"),
-        (["--set", "dense_lr=nan"], "dense_lr must be a finite number > 0, got nan"),
-        (["--set", "emb_lr=inf"], "emb_lr must be a finite number > 0, got inf"),
-        (["--set", "attention=varlen", "--set", "device=cpu"], "attention=varlen needs a CUDA"),
-        (["--set", "metrics_path=/proc/nope/m.jsonl"], "metrics_path: cannot create"),
+        (["--set", "data.max_uih=0"], "max_uih must be >= 1"),
+        (["--set", "data.length_cap=0"], "length_cap must be >= 1"),
+        (["--set", "dense.lr=nan"], "dense.lr must be a finite number > 0, got nan"),
+        (["--set", "embeddings.lr=inf"], "embeddings.lr must be a finite number > 0, got inf"),
+        (
+            ["--set", "model.attention=varlen", "--set", "run.device=cpu"],
+            "model.attention=varlen needs a CUDA",
+        ),
+        (["--set", "output.metrics_path=/proc/nope/m.jsonl"], "metrics_path: cannot create"),
         (["--set", "data=sasrec:/no/such/file.txt"], "data file '/no/such/file.txt'"),
-        (["--set", "timeout_s=0"], "timeout_s must be a finite number of seconds >= 1"),
-        (["--set", "nonfinite=ignore"], "nonfinite must be one of raise, skip"),
-        (["--set", "nonfinite_max_skips=-1"], "nonfinite_max_skips must be >= 0"),
-        (["--set", "checkpoint_every=5"], "checkpoint_every needs checkpoint_dir"),
-        (["--resume"], "--resume without DIR needs checkpoint_dir"),
-        (["--set", "delay_ranks=5"], "delay_ranks='5' names a rank outside 0..1"),
-        (["--set", "sync_debug=true", "--set", "device=cpu"], "sync_debug=true reports"),
-        (["--set", "delay_ranks=x"], "delay_ranks must be comma-separated ranks"),
-        (["--set", "comm_overlapped=nvlink"], "comm_overlapped must be one of"),
-        (["--set", "step_overlap=1.5"], "step_overlap must lie in [0, 1]"),
-        (["--set", "plan_process=maybe"], "plan_process must be one of auto, on, off"),
-        (["--set", "loader_workers=-3"], "loader_workers must be -1 (auto) or >= 0"),
+        (["--set", "run.timeout_s=0"], "run.timeout_s must be a finite number >= 1"),
+        (["--set", "faults.nonfinite=ignore"], "nonfinite must be one of raise, skip"),
+        (["--set", "faults.nonfinite_max_skips=-1"], "nonfinite_max_skips must be >= 0"),
+        (["--set", "checkpoint.every=5"], "checkpoint.every needs checkpoint.dir"),
+        (["--resume"], "--resume without DIR needs checkpoint.dir"),
+        (["--set", "faults.delay_ranks=5"], "faults.delay_ranks='5' names a rank outside 0..1"),
+        (
+            ["--set", "pipeline.sync_debug=true", "--set", "run.device=cpu"],
+            "pipeline.sync_debug=true reports",
+        ),
+        (["--set", "faults.delay_ranks=x"], "faults.delay_ranks must be comma-separated numbers"),
+        (["--set", "pipeline.comm_overlapped=nvlink"], "comm_overlapped must be one of"),
+        (["--set", "data.step_overlap=1.5"], "step_overlap must lie in [0, 1]"),
+        (["--set", "balance.plan_process=maybe"], "plan_process must be one of auto, on, off"),
+        (["--set", "data.loader_workers=-3"], "loader_workers must be -1 (auto) or >= 0"),
     ],
 )
 def test_bad_values_fail_in_the_launcher_with_one_line(capsys, args, message):
@@ -50,6 +56,9 @@ def test_bad_values_fail_in_the_launcher_with_one_line(capsys, args, message):
     assert rc == 2
     assert line.startswith("freescale: error:") and message in line, line
     assert elapsed < 5
+
+
+ADAGRAD = {"optimizer": "adagrad", "lr": 0.05, "assignment": "hashed"}
 
 
 def _fake_checkpoint(path, **config) -> None:
@@ -65,15 +74,21 @@ def test_resume_checks_the_checkpoint_in_the_launcher(capsys, tmp_path):
     rc, line, _ = _rc_and_last_line(capsys, "--resume", str(tmp_path / "none"))
     assert rc == 2 and "no complete checkpoint" in line
     # An Adagrad checkpoint into an SGD run: refused, not sum_sq silently dropped.
-    _fake_checkpoint(tmp_path / "ck" / "step-00000005", emb_optimizer="adagrad")
+    _fake_checkpoint(tmp_path / "ck" / "step-00000005", embeddings=ADAGRAD)
     rc, line, _ = _rc_and_last_line(
-        capsys, "--set", "emb_optimizer=sgd", "--resume", str(tmp_path / "ck")
+        capsys, "--set", "embeddings.optimizer=sgd", "--resume", str(tmp_path / "ck")
     )
-    assert rc == 2 and "emb_optimizer='adagrad' (this run: 'sgd')" in line, line
+    assert rc == 2 and "embeddings.optimizer='adagrad' (this run: 'sgd')" in line, line
     # Another world size is no reason to refuse (the tables reshard): the
     # check goes on to the files, which this fake does not list.
     rc, line, _ = _rc_and_last_line(
-        capsys, "--set", "emb_optimizer=adagrad", "--resume", str(tmp_path / "ck"), "--nproc", "3"
+        capsys,
+        "--set",
+        "embeddings.optimizer=adagrad",
+        "--resume",
+        str(tmp_path / "ck"),
+        "--nproc",
+        "3",
     )
     assert rc == 2 and "its manifest lists no trainer.pt" in line, line
     _fake_checkpoint(tmp_path / "ck3" / "step-00000005")

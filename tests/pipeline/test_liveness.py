@@ -19,8 +19,9 @@ pytestmark = pytest.mark.slow
 
 def _start(tmp_path: Path, *args: str) -> tuple[subprocess.Popen, Path]:
     metrics = tmp_path / "m.jsonl"
-    cmd = [sys.executable, "-m", "freescale.cli.main", "train", "--set", "progress=false",
-           "--set", "eval_every=0", "--set", "warmup=1", "--set", f"metrics_path={metrics}",
+    cmd = [sys.executable, "-m", "freescale.cli.main", "train", "--set", "output.progress=false",
+           "--set", "evaluation.every=0", "--set", "run.warmup=1",
+           "--set", f"output.metrics_path={metrics}",
            *args]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return proc, metrics
@@ -62,7 +63,7 @@ def _alive(pid: int) -> bool:
 
 
 def test_frozen_rank_is_named_after_timeout_s(tmp_path):
-    proc, metrics = _start(tmp_path, "--set", "steps=100000", "--set", "timeout_s=8")
+    proc, metrics = _start(tmp_path, "--set", "run.steps=100000", "--set", "run.timeout_s=8")
     try:
         _wait_steps(proc, metrics, 3)
         ranks = _ranks(proc.pid)
@@ -83,7 +84,7 @@ def test_frozen_rank_is_named_after_timeout_s(tmp_path):
 
 
 def test_no_rank_survives_a_sigkilled_launcher(tmp_path):
-    proc, metrics = _start(tmp_path, "--set", "steps=100000")
+    proc, metrics = _start(tmp_path, "--set", "run.steps=100000")
     try:
         _wait_steps(proc, metrics, 2)
         ranks = _ranks(proc.pid)
@@ -103,7 +104,14 @@ def test_no_rank_survives_a_sigkilled_launcher(tmp_path):
 
 def test_sigterm_finishes_the_step_checkpoints_and_exits_143_then_resumes(tmp_path):
     ckpt = tmp_path / "ckpt"
-    args = ("--set", "steps=40", "--set", f"checkpoint_dir={ckpt}", "--set", "delay_compute_ms=30")
+    args = (
+        "--set",
+        "run.steps=40",
+        "--set",
+        f"checkpoint.dir={ckpt}",
+        "--set",
+        "faults.delay_compute_ms=30",
+    )
     proc, metrics = _start(tmp_path, *args)
     try:
         _wait_steps(proc, metrics, 3)
@@ -125,8 +133,9 @@ def test_sigterm_finishes_the_step_checkpoints_and_exits_143_then_resumes(tmp_pa
     steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
     assert steps == list(range(last + 1))
     proc = subprocess.run(
-        [sys.executable, "-m", "freescale.cli.main", "train", "--set", "progress=false",
-         "--set", "eval_every=0", "--set", "warmup=1", "--set", f"metrics_path={metrics}",
+        [sys.executable, "-m", "freescale.cli.main", "train", "--set", "output.progress=false",
+         "--set", "evaluation.every=0", "--set", "run.warmup=1",
+         "--set", f"output.metrics_path={metrics}",
          *args, "--resume"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip

@@ -129,12 +129,18 @@ def test_run_summary_averages_the_steps_after_warmup():
 
 
 # ---- runs with injected delays (2 CPU ranks) -------------------------------------
-COMMON = ["steps=24", "warmup=6", "eval_every=0", "progress=false", "mode=sync"]
+COMMON = [
+    "run.steps=24",
+    "run.warmup=6",
+    "evaluation.every=0",
+    "output.progress=false",
+    "run.mode=sync",
+]
 
 
 def _steps(tmp_path, name: str, overrides: list[str]) -> tuple[list[dict], dict]:
     path = tmp_path / f"{name}.jsonl"
-    summary = launch(build_config("demo", [*COMMON, *overrides, f"metrics_path={path}"]))
+    summary = launch(build_config("demo", [*COMMON, *overrides, f"output.metrics_path={path}"]))
     assert summary is not None
     records = [json.loads(line) for line in path.read_text().splitlines()]
     return [r for r in records if r["step"] >= 6], summary
@@ -143,7 +149,9 @@ def _steps(tmp_path, name: str, overrides: list[str]) -> tuple[list[dict], dict]
 @pytest.mark.slow
 def test_extra_compute_on_one_rank_is_its_straggler_share(tmp_path):
     delay = 40.0
-    steps, summary = _steps(tmp_path, "compute", [f"delay_compute_ms={delay}", "delay_ranks=1"])
+    steps, summary = _steps(
+        tmp_path, "compute", [f"faults.delay_compute_ms={delay}", "faults.delay_ranks=1"]
+    )
     gap = statistics.mean(r["compute_ms"][1] - r["compute_ms"][0] for r in steps)
     assert 0.8 * delay < gap < 1.25 * delay, gap
     # Two ranks, rank 1 slower by ~`delay` (above): the summary's straggler % is
@@ -167,7 +175,9 @@ def test_extra_compute_on_one_rank_is_its_straggler_share(tmp_path):
 @pytest.mark.slow
 def test_slow_loader_on_one_rank_is_data_wait_not_straggling(tmp_path):
     delay = 250.0  # well above the demo's step time (~50 ms on 2 cores, ~100 ms under load)
-    steps, summary = _steps(tmp_path, "loader", [f"delay_loader_ms={delay}", "delay_ranks=1"])
+    steps, summary = _steps(
+        tmp_path, "loader", [f"faults.delay_loader_ms={delay}", "faults.delay_ranks=1"]
+    )
     wait0 = statistics.mean(r["data_wait_ms_ranks"][0] for r in steps)
     wait1 = statistics.mean(r["data_wait_ms_ranks"][1] for r in steps)
     step = statistics.mean(r["step_ms"] for r in steps)
@@ -195,7 +205,7 @@ def test_step_lines_carry_each_ranks_batch_features(tmp_path):
     ]
     for balance in ("none", "fbs"):
         path = tmp_path / f"{balance}.jsonl"
-        launch(build_config("demo", [*COMMON, f"balance={balance}", f"metrics_path={path}"]))
+        launch(build_config("demo", [*COMMON, f"balance={balance}", f"output.metrics_path={path}"]))
         for line in path.read_text().splitlines():
             r = json.loads(line)
             got = r["rank_features"]

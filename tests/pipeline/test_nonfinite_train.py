@@ -16,16 +16,16 @@ from freescale.pipeline.train import Trainer
 from freescale.testing import run_ranks
 
 BAD_RANK = 1
-COMMON = ["warmup=1", "eval_every=0", "progress=false", "batch_size=8", "timeout_s=60"]
+COMMON = [
+    "run.warmup=1", "evaluation.every=0", "output.progress=false", "run.batch_size=8",
+    "run.timeout_s=60",
+]  # fmt: skip
 
 
-def _poisoned(trainer: Trainer, steps: set[int]) -> Trainer:
-    """Make this rank's loss NaN at ``steps`` (rank BAD_RANK only)."""
-    if trainer.rank == BAD_RANK:
-        trainer.poison = lambda loss: (
-            loss * (float("nan") if trainer.liveness.step in steps else 1.0)
-        )
-    return trainer
+def _poisoned(overrides: list[str], steps: set[int]) -> Trainer:
+    """A trainer whose loss is NaN at ``steps`` on rank BAD_RANK (`faults.nan_steps`)."""
+    nan = [f"faults.nan_steps={','.join(map(str, sorted(steps)))}", f"faults.nan_ranks={BAD_RANK}"]
+    return Trainer(build_config("demo", [*overrides, *nan]))
 
 
 def _snapshot(trainer: Trainer) -> dict:
@@ -41,10 +41,9 @@ def _snapshot(trainer: Trainer) -> dict:
 
 
 def _skip_rank(world_size: int, mode: str) -> dict:
-    poisoned = _poisoned(Trainer(build_config("demo", [*COMMON, mode, "steps=4",
-                                                       "nonfinite=skip"])), {3})  # fmt: skip
+    poisoned = _poisoned([*COMMON, mode, "run.steps=4", "faults.nonfinite=skip"], {3})
     summary = poisoned.run()
-    clean = Trainer(build_config("demo", [*COMMON, mode, "steps=3"]))
+    clean = Trainer(build_config("demo", [*COMMON, mode, "run.steps=3"]))
     clean.run()
     return {
         "summary": summary,
@@ -54,7 +53,7 @@ def _skip_rank(world_size: int, mode: str) -> dict:
     }
 
 
-@pytest.mark.parametrize("mode", ["mode=sync", "mode=sdd", "mode=freescale"])
+@pytest.mark.parametrize("mode", ["run.mode=sync", "run.mode=sdd", "run.mode=freescale"])
 def test_a_nonfinite_step_changes_nothing_and_is_counted(mode):
     per_rank = run_ranks(_skip_rank, 2, 2, mode, timeout=240)
     assert per_rank[0]["summary"]["nonfinite_skipped"] == 1
@@ -73,7 +72,7 @@ def test_a_nonfinite_step_changes_nothing_and_is_counted(mode):
 
 
 def _raise_rank(world_size: int, extra: list[str], steps: set[int]) -> dict:
-    trainer = _poisoned(Trainer(build_config("demo", [*COMMON, "steps=8", *extra])), steps)
+    trainer = _poisoned([*COMMON, "run.steps=8", *extra], steps)
     start = time.perf_counter()
     try:
         trainer.run()
@@ -85,7 +84,7 @@ def _raise_rank(world_size: int, extra: list[str], steps: set[int]) -> dict:
 
 
 def test_consecutive_nonfinite_steps_raise_the_same_error_on_every_rank():
-    per_rank = run_ranks(_raise_rank, 2, 2, ["nonfinite_max_skips=1"], {2, 3}, timeout=240)
+    per_rank = run_ranks(_raise_rank, 2, 2, ["faults.nonfinite_max_skips=1"], {2, 3}, timeout=240)
     errors = [r["error"] for r in per_rank]
     assert errors[0] is not None and errors[0] == errors[1], errors
     assert errors[0].startswith("step 3: non-finite loss or gradients (first seen on rank 1)")
@@ -95,7 +94,7 @@ def test_consecutive_nonfinite_steps_raise_the_same_error_on_every_rank():
 
 
 def test_isolated_nonfinite_steps_are_skipped_and_training_goes_on():
-    per_rank = run_ranks(_raise_rank, 2, 2, ["nonfinite_max_skips=1"], {2, 5}, timeout=240)
+    per_rank = run_ranks(_raise_rank, 2, 2, ["faults.nonfinite_max_skips=1"], {2, 5}, timeout=240)
     for r in per_rank:
         assert r["error"] is None
         assert r["skipped"] == [s in (2, 5) for s in range(8)]

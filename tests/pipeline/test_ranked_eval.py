@@ -76,10 +76,11 @@ def test_train_summary_has_split_metrics_and_eval_reloads_the_checkpoint(tmp_pat
     write_data(path, users=60)
     ckpt = tmp_path / "ck"
     args = [
-        "train", "--set", f"data=sasrec:{path}", "--set", "steps=6", "--set", "warmup=1",
-        "--set", "batch_size=4", "--set", "samples_per_user=0", "--set", "eval_every=3",
-        "--set", "eval_negatives=30", "--set", f"checkpoint_dir={ckpt}",
-        "--set", "checkpoint_every=6", "--set", "progress=false",
+        "train", "--set", f"data=sasrec:{path}", "--set", "run.steps=6", "--set", "run.warmup=1",
+        "--set", "run.batch_size=4", "--set", "data.samples_per_user=0",
+        "--set", "evaluation.every=3",
+        "--set", "data.eval_negatives=30", "--set", f"checkpoint.dir={ckpt}",
+        "--set", "checkpoint.every=6", "--set", "output.progress=false",
     ]  # fmt: skip
     assert main(args) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -104,7 +105,15 @@ def test_movielens_top_rating_fits_the_action_table(tmp_path, capsys):
     path.write_text(
         "".join(f"{u}::{(u * 7 + k) % 50 + 1}::5::{k}\n" for u in range(1, 30) for k in range(6))
     )
-    args = ["train", "--set", f"data=movielens:{path}", "--set", "steps=3", "--set", "warmup=1"]
-    assert main([*args, "--set", "batch_size=4", "--set", "progress=false"]) == 0
+    args = [
+        "train",
+        "--set",
+        f"data=movielens:{path}",
+        "--set",
+        "run.steps=3",
+        "--set",
+        "run.warmup=1",
+    ]
+    assert main([*args, "--set", "run.batch_size=4", "--set", "output.progress=false"]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["eval"]["test"]["users"] == 29

@@ -26,7 +26,7 @@ from freescale.pipeline.train import Trainer
 from freescale.testing import run_ranks
 from tests.pipeline.test_resume import COMMON
 
-RUN = [*COMMON, "steps=5", "mode=sync", "balance=cost", "deterministic=true"]
+RUN = [*COMMON, "run.steps=5", "run.mode=sync", "balance=cost", "run.deterministic=true"]
 AT = 3  # the checkpoint continues at step 3
 SEEN = AT * 2 * 16  # samples consumed by 2 ranks of batch 16 before it
 
@@ -64,42 +64,51 @@ def _assert_equal(a: dict, b: dict) -> None:
             assert torch.equal(fa, fb) and torch.equal(ta, tb)
 
 
-class _Recording(Trainer):
-    """Keeps its state at each checkpoint it writes."""
+def _recording(trainer: Trainer) -> Trainer:
+    """Keeps its state at each checkpoint it writes (``trainer.at_save``)."""
+    save, trainer.at_save = trainer.state.save, {}
 
-    def save_checkpoint(self, next_step: int) -> None:
-        super().save_checkpoint(next_step)
-        self.at_save = {**getattr(self, "at_save", {}), next_step: _state(self)}
+    def recorded(next_step: int) -> None:
+        save(next_step)
+        trainer.at_save[next_step] = _state(trainer)
+
+    trainer.state.save = recorded
+    return trainer
 
 
-class _Loaded(_Recording):
+def _loaded(trainer: Trainer) -> Trainer:
     """Keeps its state right after loading; writes it back at once when it has a
-    ``checkpoint_dir`` (a checkpoint of the new world size, nothing trained)."""
+    ``checkpoint.dir`` (a checkpoint of the new world size, nothing trained)."""
+    _recording(trainer)
+    restore = trainer.state.restore
 
-    def restore(self) -> int:
-        first = super().restore()
-        self.loaded = _state(self)
-        if self.cfg.checkpoint_dir:
-            self.save_checkpoint(first)
-        return first
+    def loaded(source):
+        first, source = restore(source)
+        trainer.loaded = _state(trainer)
+        if trainer.cfg.checkpoint.dir:
+            trainer.state.save(first)
+        return first, source
+
+    trainer.state.restore = loaded
+    return trainer
 
 
-def _trainer(cls: type, overrides: list[str], example: bool) -> Trainer:
+def _trainer(wrap, overrides: list[str], example: bool) -> Trainer:
     if example:
-        cfg = build_config("demo", [*COMMON, "steps=5", "batch_size=8", *overrides])
-        return cls(cfg, model=build, data=data(num_categories=30))
-    return cls(build_config("demo", [*RUN, *overrides]))
+        cfg = build_config("demo", [*COMMON, "run.steps=5", "run.batch_size=8", *overrides])
+        return wrap(Trainer(cfg, model=build, data=data(num_categories=30)))
+    return wrap(Trainer(build_config("demo", [*RUN, *overrides])))
 
 
 def _save_rank(ckdir: str, example: bool = False) -> dict:
     """The uninterrupted run: 5 steps, a checkpoint after step 2."""
-    trainer = _trainer(_Recording, [f"checkpoint_dir={ckdir}", f"checkpoint_every={AT}"], example)
+    trainer = _trainer(_recording, [f"checkpoint.dir={ckdir}", f"checkpoint.every={AT}"], example)
     trainer.run()
     return {"at_save": trainer.at_save[AT], "losses": _losses(trainer), "end": _state(trainer)}
 
 
 def _resume_rank(resume: str, overrides: list[str], example: bool = False) -> dict:
-    trainer = _trainer(_Loaded, [f"resume={resume}", *overrides], example)
+    trainer = _trainer(_loaded, [f"checkpoint.resume={resume}", *overrides], example)
     torch.manual_seed(123)  # the RNG state must come from the checkpoint
     summary = trainer.run()
     return {"loaded": trainer.loaded, "losses": _losses(trainer), "summary": summary,
@@ -125,7 +134,7 @@ def resumed(saved, tmp_path_factory):
 
     @cache
     def at(world: int) -> list[dict]:
-        again = [f"checkpoint_dir={ck4}", "checkpoint_every=5"] if world == 4 else []
+        again = [f"checkpoint.dir={ck4}", "checkpoint.every=5"] if world == 4 else []
         ck = f"{saved[0]}/{PREFIX}{AT:08d}"
         return run_ranks(_resume_rank, world, ck, again, timeout=240)
 
@@ -176,9 +185,13 @@ def test_the_launcher_and_the_cli_resume_at_another_world_size(saved, capsys, ap
     tables and dense weights bit for bit; `freescale train --resume` trains on.
     (One of them spawns 4 ranks, the other runs 1: each world size once.)"""
     ck = str(saved[0] / f"{PREFIX}{AT:08d}")
-    cfg = build_config("demo", [*RUN, "deterministic=false"])  # no global flag in this process
+    cfg = build_config("demo", [*RUN, "run.deterministic=false"])  # no global flag in this process
     result = freescale.train(
-        config=cfg, resume=ck, nproc=api_world, eval_only=True, state_dict=True
+        config=cfg,
+        run={"nproc": api_world},
+        checkpoint={"resume": ck},
+        eval_only=True,
+        state_dict=True,
     )
     truth = saved[1]["at_save"]
     assert torch.equal(result.state_dict["item_emb.weight"], truth["tables"]["item_emb"])

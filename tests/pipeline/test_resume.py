@@ -11,7 +11,7 @@ from freescale.pipeline.config import MODES, build_config
 from freescale.pipeline.train import Trainer
 from freescale.testing import run_ranks
 
-COMMON = ["warmup=1", "eval_every=0", "progress=false", "batch_size=16"]
+COMMON = ["run.warmup=1", "evaluation.every=0", "output.progress=false", "run.batch_size=16"]
 
 
 def _state(trainer: Trainer) -> dict:
@@ -25,10 +25,10 @@ def _state(trainer: Trainer) -> dict:
 
 
 def _resume_rank(overrides: list[str], ckdir: str) -> tuple[dict, dict]:
-    every = ["checkpoint_every=5", f"checkpoint_dir={ckdir}"]
+    every = ["checkpoint.every=5", f"checkpoint.dir={ckdir}"]
     full = Trainer(build_config("demo", [*COMMON, *overrides, *every]))
     full.run()
-    resume = f"resume={ckdir}/{PREFIX}00000005"
+    resume = f"checkpoint.resume={ckdir}/{PREFIX}00000005"
     resumed = Trainer(build_config("demo", [*COMMON, *overrides, resume]))
     torch.manual_seed(123)  # the RNG state must come from the checkpoint
     resumed.run()
@@ -55,7 +55,7 @@ def _assert_same(a: dict, b: dict, steps_of_b: bool = False) -> None:
 def test_resume_is_bit_identical_with_cost_balancing(tmp_path, mode):
     if mode not in MODES:
         pytest.skip(f"mode {mode} does not exist yet")
-    overrides = ["steps=10", f"mode={mode}", "balance=cost", "deterministic=true"]
+    overrides = ["run.steps=10", f"run.mode={mode}", "balance=cost", "run.deterministic=true"]
     per_rank = run_ranks(_resume_rank, 2, overrides, str(tmp_path), timeout=240)
     for full, resumed in per_rank:
         assert [s for s, _ in resumed["losses"]] == list(range(5, 10))
@@ -77,10 +77,11 @@ def _run_rank(overrides: list[str]) -> dict:
 def test_adaptive_balancers_are_reproducible_when_deterministic(balance):
     """Same seed twice, and sync vs sdd: bit-identical under vbs and cost (the
     plans no longer follow measured times, which differed from step 4-6 on)."""
-    common = ["steps=12", f"balance={balance}", "deterministic=true", "delay_compute_ms=3",
-              "delay_ranks=1"]  # fmt: skip
-    sync = run_ranks(_run_rank, 2, [*common, "mode=sync"], timeout=240)
-    sdd = run_ranks(_run_rank, 2, [*common, "mode=sdd"], timeout=240)
+    common = ["run.steps=12", f"balance={balance}", "run.deterministic=true",
+              "faults.delay_compute_ms=3",
+              "faults.delay_ranks=1"]  # fmt: skip
+    sync = run_ranks(_run_rank, 2, [*common, "run.mode=sync"], timeout=240)
+    sdd = run_ranks(_run_rank, 2, [*common, "run.mode=sdd"], timeout=240)
     for a, b in zip(sync, sdd, strict=True):
         assert len(a["losses"]) == 12
         _assert_same(a, b)

@@ -13,7 +13,7 @@ from freescale.testing import run_ranks
 
 
 def _train_and_collect(overrides: list[str]) -> dict:
-    trainer = Trainer(build_config("demo", [*overrides, "progress=false"]))
+    trainer = Trainer(build_config("demo", [*overrides, "output.progress=false"]))
     before = trainer.embeddings.full_table("item_emb")
     trainer.run()
     table = trainer.embeddings.full_table("item_emb")
@@ -32,9 +32,9 @@ def _train_and_collect(overrides: list[str]) -> dict:
 
 @pytest.fixture(scope="module")
 def runs():
-    common = ["steps=20", "warmup=2", "eval_every=0"]
+    common = ["run.steps=20", "run.warmup=2", "evaluation.every=0"]
     return {
-        mode: run_ranks(_train_and_collect, 2, [*common, f"mode={mode}"], timeout=240)
+        mode: run_ranks(_train_and_collect, 2, [*common, f"run.mode={mode}"], timeout=240)
         for mode in ("sync", "sdd", "freescale")
     }
 
@@ -72,7 +72,9 @@ def test_training_updates_the_sharded_table(runs):
 
 def test_demo_learns_short_version():
     """The README demo, shortened: held-out NE falls below 0.95."""
-    out = run_ranks(_train_and_collect, 2, ["steps=40", "eval_every=20", "mode=sdd"], timeout=240)
+    out = run_ranks(
+        _train_and_collect, 2, ["run.steps=40", "evaluation.every=20", "run.mode=sdd"], timeout=240
+    )
     first, last = out[0]["evals"]
     assert last < 0.95 and last < first, (first, last)
 
@@ -90,9 +92,9 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     "args,message",
     [
         (["--set", "nosuchkey=1"], "unknown config key 'nosuchkey'"),
-        (["--set", "batch_size=-4"], "batch_size must be >= 1, got -4"),
+        (["--set", "run.batch_size=-4"], "batch_size must be >= 1, got -4"),
         (["--set", "item_dim=16"], "item table dim mismatch"),
-        (["--set", "steps=ten"], "steps expects a int"),
+        (["--set", "run.steps=ten"], "steps expects a int"),
     ],
 )
 def test_bad_configs_fail_at_start_with_one_line(args, message):
@@ -115,19 +117,19 @@ def test_train_cli_prints_a_json_summary(tmp_path):
     metrics = tmp_path / "m.jsonl"
     proc = _cli(
         "--set",
-        "steps=6",
+        "run.steps=6",
         "--set",
-        "warmup=1",
+        "run.warmup=1",
         "--set",
-        "eval_every=3",
+        "evaluation.every=3",
         "--set",
-        f"metrics_path={metrics}",
+        f"output.metrics_path={metrics}",
         "--set",
-        "progress=false",
+        "output.progress=false",
         "--set",
-        f"trace_path={tmp_path / 'trace.json'}",
+        f"output.trace_path={tmp_path / 'trace.json'}",
         "--set",
-        "trace_steps=2-3",
+        "output.trace_steps=2-3",
     )
     assert proc.returncode == 0, proc.stderr
     trace = json.loads((tmp_path / "trace.json").read_text())

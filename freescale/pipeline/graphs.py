@@ -20,7 +20,11 @@ never reads padded candidates, so their gradient is exactly zero.
 
 The numbers are close to, not bitwise equal to, the eager path's (padding
 changes the GEMM shapes and so their rounding): graphs are opt-in
-(``dense_graphs=true``); eager stays the default and the reference.
+(``dense.graphs=true``); eager stays the default and the reference.
+
+Applied from outside the model: `GraphedStack` replaces the model's
+``block_stack`` (`freescale.models.contract`) with the same blocks run
+through these graphs, the candidate path on a side stream (`run_blocks`).
 
 Memory: all buckets share one graph pool and the buffers of their inputs and
 input gradients. A bucket's activations are freed at the end of its backward
@@ -40,8 +44,9 @@ import torch
 from torch import Tensor, nn
 
 from freescale.jagged.ops import side_stream
+from freescale.kernels.linear import graph_body
 from freescale.models.attention import AttentionLayout, Segments
-from freescale.models.linear import graph_body
+from freescale.models.sequence import BlockStack, max_lengths
 
 SIZES_PER_OCTAVE = 8
 
@@ -173,11 +178,39 @@ def run_blocks(
             t.record_stream(side)
     last = len(blocks) - 1
     for i, block in enumerate(blocks):
-        uih, cand = block(uih, cand, layout, uih_out=i < last, side=side)
+        uih, cand = _block(block, uih, cand, layout, i < last, side)
     if main is not None:
         main.wait_stream(side)
         cand.record_stream(main)
     return cand
+
+
+def _block(
+    block: nn.Module,
+    uih: Tensor,
+    cand: Tensor,
+    layout: tuple[AttentionLayout, AttentionLayout],
+    uih_out: bool,
+    side: torch.cuda.Stream | None,
+) -> tuple[Tensor, Tensor]:
+    """``block(uih, cand, layout, uih_out)`` with its candidate path on ``side``:
+    the same calls in the same order as `Block.forward`, so the same kernels
+    and numbers. The caller forks ``side`` before the first block and joins
+    it after the last (`run_blocks`)."""
+    if side is None:
+        return block(uih, cand, layout, uih_out=uih_out)
+    with torch.cuda.stream(side):
+        qc = block.cand_query(cand)
+    qu, ku, vu = block.uih_qkv(uih)
+    side.wait_stream(torch.cuda.current_stream())  # the keys and values
+    # Their memory (one storage: the qkv output) must not be reused until the
+    # side stream is done with it (the cross-attention saves them for backward).
+    ku.record_stream(side)
+    with torch.cuda.stream(side):
+        cand = block.cand_update(cand, qc, ku, vu, layout[1])
+    if uih_out:
+        uih = block.uih_update(uih, qu, ku, vu, layout[0])
+    return uih, cand
 
 
 def pad_rows(x: Tensor, rows: int) -> Tensor:
@@ -291,8 +324,9 @@ class BlockGraphs:
     """``run(...)``: the block stack's candidate output through a captured graph."""
 
     def __init__(
-        self, blocks: nn.ModuleList, max_graphs: int = 32, two_streams: bool = True
-    ) -> None:
+        self, blocks: nn.ModuleList, max_graphs: int = 32, two_streams: bool = True,
+        own_grads: bool = False,
+    ) -> None:  # fmt: skip
         self.blocks = blocks
         self.two_streams = two_streams  # `PaddedBlocks.two_streams` of every capture
         self.max_graphs = max_graphs
@@ -307,7 +341,7 @@ class BlockGraphs:
         # The replay sets the parameters' ``.grad`` itself (lent graph memory)
         # instead of handing them to autograd: no AccumulateGrad per parameter.
         # Only where no autograd hook waits on those gradients (DDP's do).
-        self.own_grads = False
+        self.own_grads = own_grads
         self.lent: list[tuple[Tensor, Tensor]] = []  # (parameter, graph memory) of the last replay
 
     def run(
@@ -388,3 +422,54 @@ class BlockGraphs:
         while len(self.graphs) > self.max_graphs:
             self.graphs.popitem(last=False)
         return cap
+
+
+def check_attention(attention: str) -> None:
+    """The graphs run the varlen attention: ValueError (one line) for another."""
+    if attention == "reference":
+        raise ValueError("dense.graphs=true needs model.attention=auto or varlen (CUDA graphs)")
+
+
+class GraphedStack(BlockStack):
+    """A model's `BlockStack` whose training steps on CUDA replay captured graphs.
+
+    Same blocks (so the same parameters and state dict keys); evaluation (no
+    gradients), CPU runs and steps without UIH tokens or candidates run the
+    stack eagerly. ``own_grads``: see `BlockGraphs` (one rank, no DDP hooks)."""
+
+    def __init__(self, stack: BlockStack, two_streams: bool = True, own_grads: bool = False):
+        check_attention(stack.attention)
+        super().__init__(list(stack), stack.attention)
+        self.runner = BlockGraphs(self, two_streams=two_streams, own_grads=own_grads)
+
+    def forward(  # type: ignore[override]
+        self,
+        uih: Tensor,
+        cand: Tensor,
+        batch: Any,
+        max_uih: int | None = None,
+        max_candidates: int | None = None,
+    ) -> Tensor:
+        graphed = uih.is_cuda and torch.is_grad_enabled() and uih.shape[0] and cand.shape[0]
+        if not graphed:
+            return super().forward(uih, cand, batch, max_uih, max_candidates)
+        uih_off, cand_off = batch.uih.offsets, batch.candidates.offsets
+        if max_uih is None or max_candidates is None:
+            max_uih, max_candidates = max_lengths(uih_off, cand_off)
+        return self.runner.run(uih, cand, uih_off, cand_off, max_uih, max_candidates)
+
+
+def install_graphs(model: nn.Module, two_streams: bool, own_grads: bool) -> BlockGraphs:
+    """Replace ``model``'s block stack (`RecModel.block_stack`) by a `GraphedStack`;
+    its `BlockGraphs` (for the capture count). One-line ValueError if the model
+    has no such stack."""
+    path = getattr(model, "block_stack", None)
+    stack = model.get_submodule(path) if isinstance(path, str) and path else None
+    if not isinstance(stack, BlockStack):
+        raise ValueError(
+            "dense.graphs=true needs a model with a block_stack (a BlockStack of "
+            "freescale.models.sequence); this model has none"
+        )
+    graphed = GraphedStack(stack, two_streams=two_streams, own_grads=own_grads)
+    model.set_submodule(path, graphed)
+    return graphed.runner

@@ -20,7 +20,7 @@ _IN_GRAPHS = contextvars.ContextVar("freescale_linear_in_graphs", default=False)
 @contextlib.contextmanager
 def graph_body() -> Iterator[None]:
     """`Linear`s called inside take the memset-free bias gradient (what a CUDA
-    graph captures: `models.graphs.PaddedBlocks`)."""
+    graph captures: `freescale.pipeline.graphs.PaddedBlocks`)."""
     token = _IN_GRAPHS.set(True)
     try:
         yield

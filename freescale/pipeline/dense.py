@@ -1,0 +1,134 @@
+"""Dense training: the replicated model's optimizer, gradient sync and guard.
+
+Built from the ``dense`` and ``faults`` sections: Adam over the dense
+parameters, DDP with a *sum* all-reduce (`DenseSync`), bf16 autocast, CUDA
+graphs of the model's block stack (`freescale.pipeline.graphs`) and the
+non-finite guard's skip flags and count (`freescale.pipeline.nonfinite`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
+
+from freescale.pipeline.config import DenseSection, FaultsSection
+from freescale.pipeline.graphs import BlockGraphs, install_graphs
+from freescale.pipeline.nonfinite import NonFiniteCount, skip_flags
+from freescale.pipeline.timing import SectionTimer
+
+
+class GuardedAdam(torch.optim.Adam):
+    """Fused Adam whose step takes the step's non-finite flag on the device
+    (``found_inf``, as gradient scalers pass it): a skipped step leaves weights,
+    moments and its step count alone without the host reading the flag."""
+
+    def __init__(self, params: list[nn.Parameter], lr: float) -> None:
+        super().__init__(params, lr=lr, fused=True)
+
+    def step_unless(self, found_inf: Tensor) -> None:  # type: ignore[override]
+        self.found_inf = found_inf  # read by the fused kernel (`torch.optim.Adam.step`)
+        self.step()
+
+
+class DenseSync:
+    """DDP over the dense parameters with a *sum* all-reduce.
+
+    DDP averages gradients (divides by W); our loss is already normalized by
+    the global candidate count, so the right reduction is a plain sum. The
+    hook also marks when the last bucket became ready: from there to the end
+    of backward is the dense all-reduce time the compute stream is exposed to.
+    On one rank there is nothing to reduce: ``ddp`` is the model itself.
+    """
+
+    def __init__(self, model: nn.Module, mark: Any) -> None:
+        self.mark = mark
+        self.last_ready: tuple[int, object] | None = None
+        self.model = model
+        if dist.get_world_size() == 1:
+            # One rank: the sum all-reduce is the identity. DDP would copy every
+            # gradient into its bucket (a kernel per parameter) and run its
+            # forward hooks on the host, for the same numbers.
+            self.ddp: nn.Module = model
+            return
+        # The sharded tables live outside the module tree, so DDP sees only
+        # dense parameters (and the model has no buffers to broadcast).
+        # Gradients as views of the all-reduce buckets: the reduced buckets are
+        # the gradients, no copy back per parameter after backward (same values).
+        self.ddp = DistributedDataParallel(model, gradient_as_bucket_view=True)
+        self.ddp.register_comm_hook(self, DenseSync._hook)
+
+    def cover_all(self, loss: Tensor) -> Tensor:
+        """``loss`` + 0 x one element of every dense parameter.
+
+        With an empty local batch (or no UIH tokens, or no candidates) some
+        parameters get no gradient at all on this rank; DDP would then never
+        reduce their bucket here while the other ranks do, and the ranks'
+        collectives would pair up wrongly (a hang). The zero term gives every
+        parameter a (zero) gradient and changes no value.
+        """
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        return loss + sum(p.reshape(-1)[:1].sum() for p in params) * 0.0
+
+    @staticmethod
+    def _hook(state, bucket):  # no annotations: DDP checks them (dist.GradBucket)
+        state.last_ready = state.mark()
+        fut = dist.all_reduce(bucket.buffer(), async_op=True).get_future()
+        return fut.then(lambda f: f.value()[0])
+
+
+class DenseTraining:
+    """Forward (autocast, DDP), backward's exposed all-reduce, the guarded step."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        section: DenseSection,
+        faults: FaultsSection,
+        guard: Any,
+        device: torch.device,
+        timer: SectionTimer,
+    ) -> None:
+        self.model, self.guard, self.device, self.timer = model, guard, device, timer
+        world = dist.get_world_size()
+        self.graphs: BlockGraphs | None = None
+        if section.graphs:  # before DDP: it wraps the model as it will run
+            # One rank: no DDP hook to feed, the graphs set `.grad` themselves.
+            self.graphs = install_graphs(model, section.graph_streams == 2, world == 1)
+        self.sync = DenseSync(model, timer.seq_mark)
+        # Listed once: `Module.parameters()` walks the module tree on every call.
+        self.params = list(model.parameters())
+        self.optimizer = GuardedAdam(self.params, section.lr)
+        self.nonfinite = NonFiniteCount(faults.nonfinite, faults.nonfinite_max_skips)
+        self.autocast = torch.autocast(
+            device.type, dtype=torch.bfloat16, enabled=section.amp == "bf16"
+        )
+
+    def forward(self, batch: Any) -> Tensor:
+        with self.autocast:
+            return self.sync.ddp(batch)
+
+    def backward(self, loss: Tensor, empty: bool) -> None:
+        """Backward of ``loss`` (the sparse update inside it); ``empty``: some
+        part of the local batch is empty (every rank must reduce every bucket)."""
+        if empty:
+            loss = self.sync.cover_all(loss)
+        self.guard.begin_step(loss)
+        self.sync.last_ready = None
+        loss.backward()  # fused sparse update (skipped if any rank saw a non-finite) + dense
+        if self.sync.last_ready is not None:
+            # Exposed dense all-reduce: from the later of "last bucket ready" and
+            # "embedding backward done" (its own sections) to the end of backward.
+            last = self.timer.last_end or (0, None)
+            start = max(self.sync.last_ready, last, key=lambda m: m[0])[1]
+            self.timer.add_interval("dense_allreduce", start, self.timer.mark())
+
+    def step(self) -> Tensor:
+        """The optimizer step, skipped on a non-finite; the flags of `skip_flags`."""
+        flags = skip_flags(self.guard, self.params, self.device)
+        self.optimizer.step_unless(flags[0].float())
+        self.optimizer.zero_grad(set_to_none=True)
+        return flags

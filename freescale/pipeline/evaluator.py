@@ -1,0 +1,99 @@
+"""Evaluation during and after training, from the ``evaluation`` section.
+
+Synthetic data: NE on held-out samples (every rank its slice, sums
+all-reduced). File data: ranking metrics (`freescale.pipeline.evaluation`)
+of the first ``batches`` validation batches, and at the end every user of
+the validation and test splits with the popularity baseline.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from freescale.models.loss import bce_sum, normalized_entropy
+from freescale.pipeline.config import EvaluationSection
+from freescale.pipeline.evaluation import evaluate_split, popularity_baseline
+
+EVAL_STEP_OFFSET = 10_000_000  # held-out synthetic samples: far from any training step
+
+
+class Evaluator:
+    """``heldout()`` every ``every`` steps, ``final()`` at the end.
+
+    ``schedule`` is flushed first (the tables as sync training would have
+    them); ``embeddings`` answers lookups without prefetch meanwhile."""
+
+    def __init__(
+        self,
+        section: EvaluationSection,
+        model: nn.Module,
+        source: Any,
+        embeddings: Any,
+        schedule: Any,
+        rank: int,
+        world: int,
+        batch_size: int,
+        device: torch.device,
+    ) -> None:
+        self.section, self.model, self.source = section, model, source
+        self.embeddings, self.schedule = embeddings, schedule
+        self.rank, self.world, self.batch_size, self.device = rank, world, batch_size, device
+
+    def due(self, step: int, steps: int) -> bool:
+        every = self.section.every
+        return bool(every) and ((step + 1) % every == 0 or step + 1 == steps)
+
+    @property
+    def ranked(self) -> bool:
+        """File data: evaluation ranks held-out items (`freescale.pipeline.evaluation`)."""
+        return hasattr(self.source, "eval_batch")
+
+    @torch.no_grad()
+    def heldout(self) -> dict[str, float]:
+        """NE on held-out samples; file data: ranking metrics of the first batches."""
+        self.schedule.flush()
+        with self.embeddings.prefetch_disabled():
+            if self.ranked:
+                return self._split("valid", self.section.batches)
+            totals = torch.zeros(3, dtype=torch.float64, device=self.device)
+            for k in range(self.section.batches):
+                batch = self.source.batch(
+                    EVAL_STEP_OFFSET + k, self.rank, self.world, self.batch_size
+                ).to(self.device)
+                logits = self.model(batch)
+                totals += torch.tensor(
+                    [
+                        bce_sum(logits, batch.labels),
+                        float(batch.labels.sum()),
+                        batch.num_candidates_total,
+                    ],
+                    dtype=torch.float64,
+                    device=self.device,
+                )
+        dist.all_reduce(totals)
+        s, p, n = totals.tolist()
+        return {"ne": normalized_entropy(s, p, n), "candidates": n}
+
+    @torch.no_grad()
+    def final(self) -> dict[str, Any]:
+        """File data: every user of the validation and test splits, and (rank 0)
+        the popularity baseline on the test split; empty for synthetic data."""
+        if not self.ranked:
+            return {}
+        self.schedule.flush()
+        with self.embeddings.prefetch_disabled():
+            out: dict[str, Any] = {split: self._split(split) for split in ("valid", "test")}
+        if self.rank == 0:
+            out["popularity_test"] = popularity_baseline(self.source, "test")
+            out["data"] = self.source.split_counts()
+        return out
+
+    def _split(self, split: str, max_steps: int | None = None) -> dict[str, Any]:
+        return evaluate_split(
+            self.model, self.source, split, self.rank, self.world, self.batch_size,
+            self.device, max_steps=max_steps,
+        )  # fmt: skip

@@ -1,0 +1,85 @@
+"""A run's state between processes: checkpoints, resume, where the data stand.
+
+Built from the ``checkpoint`` section. What a checkpoint holds: the tables
+(`TableEntries`, resharded at any world size), the dense weights and Adam,
+the balancer's state, and where training stands in the data
+(`freescale.pipeline.position`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor, nn
+
+from freescale.pipeline.checkpoint import Checkpointer, check_resumable
+from freescale.pipeline.config import CheckpointSection
+from freescale.pipeline.position import DataPosition, resumed_source
+
+
+class DenseState:
+    """The model's dense part as a ``state_dict`` object: equal on every rank,
+    so one rank can save it (the tables are checkpointed by the collection)."""
+
+    def __init__(self, model: nn.Module, embeddings: Any) -> None:
+        self.model, self.embeddings = model, embeddings
+
+    def state_dict(self) -> dict[str, Tensor]:
+        """The model's state without the sharded tables (no collective)."""
+        with self.embeddings.tables_left_out():
+            return self.model.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        with self.embeddings.tables_left_out():
+            self.model.load_state_dict(state)
+
+
+class RunState:
+    """Restore (``resume``) and save (``dir``/``every``/``keep``) a run."""
+
+    def __init__(
+        self,
+        section: CheckpointSection,
+        config: dict[str, Any],
+        group: Any,
+        world: int,
+        batch_size: int,
+        tables: Any,
+        replicated: dict[str, Any],
+        flush: Any,
+    ) -> None:
+        self.section, self.config = section, config
+        self.world, self.batch_size = world, batch_size
+        self.tables, self.replicated, self.flush = tables, replicated, flush
+        self.checkpoints = Checkpointer(section.dir, section.every, section.keep, config, group)
+        # Where training starts in the data (`restore` moves it), and how it continues.
+        self.position = DataPosition(world_size=world)
+        self.data_position = ""
+
+    def restore(self, source: Any) -> tuple[int, Any]:
+        """Load ``resume`` (if set, written at any world size): the first step
+        to run and the source it reads from (`freescale.pipeline.position`)."""
+        if not self.section.resume:
+            return 0, source
+        # The launcher checked it already; API users get the same one-line errors.
+        # The files are checked by every rank together in `Checkpointer.load`.
+        path = check_resumable(self.section.resume, self.config, verify=False)
+        self.position = self.checkpoints.load(path, self.tables, self.replicated)
+        source, self.data_position = resumed_source(source, self.position)
+        return self.position.step, source
+
+    def samples_before(self, step: int) -> int:
+        """Samples (all ranks) consumed before ``step``, resumed runs included."""
+        return self.position.samples_at(step, self.world, self.batch_size)
+
+    def due(self, step: int) -> bool:
+        return self.checkpoints.due(step)
+
+    def save(self, next_step: int) -> None:
+        """Checkpoint a run that continues at ``next_step`` (the tables made exact first)."""
+        if self.checkpoints.directory is None:
+            return
+        self.flush()
+        self.checkpoints.save(
+            next_step, self.tables, self.replicated, self.samples_before(next_step)
+        )

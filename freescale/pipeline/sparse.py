@@ -1,0 +1,100 @@
+"""The sparse side of a run: the sharded tables and the mode's schedule.
+
+Built from the ``embeddings`` and ``pipeline`` sections and the run's mode:
+the model's `sharded_modules` are swapped for one `ShardedEmbeddingCollection`
+(`freescale.embedding.swap`), and the schedule (`freescale.pipeline.schedule`)
+decides what of a future step's lookups is issued early.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from freescale.comm import make_communicator
+from freescale.embedding import SGD, Adam, RowwiseAdagrad, ShardingPlan, TableEntries, swap
+from freescale.embedding.modes import MODES
+from freescale.embedding.optim import OptimizerConfig
+from freescale.jagged.batch import SampleBatch
+from freescale.pipeline.config import EmbeddingsSection, PipelineSection
+from freescale.pipeline.schedule import Schedule
+from freescale.pipeline.setup import glob_escape
+from freescale.pipeline.timing import SectionTimer
+
+
+def embedding_optimizer(section: EmbeddingsSection) -> OptimizerConfig:
+    if section.optimizer == "sgd":
+        return SGD(lr=section.lr)
+    if section.optimizer == "adagrad":
+        return RowwiseAdagrad(lr=section.lr)
+    return Adam(lr=section.lr)
+
+
+def sharding_plan(section: EmbeddingsSection, model: nn.Module) -> ShardingPlan:
+    """Row-wise shard exactly the modules the model names (`sharded_modules`)."""
+    modules = tuple(model.sharded_modules)  # type: ignore[attr-defined]
+    return ShardingPlan(
+        optimizer=embedding_optimizer(section),
+        assignment=section.assignment,
+        modules=tuple(glob_escape(p) for p in modules),
+    )
+
+
+def schedule_name(mode: str, prioritize: str, world: int) -> str:
+    """The mode's schedule; `freescale` at one rank with ``prioritize=auto``
+    is sdd's (measured on 1 H200: the split only added host and GPU work)."""
+    if mode == "freescale" and world == 1 and prioritize == "auto":
+        return "sdd"
+    return mode
+
+
+class SparseSide:
+    """The model's tables, sharded over the ranks, and the schedule of ``mode``."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        section: EmbeddingsSection,
+        pipeline: PipelineSection,
+        mode: str,
+        world: int,
+        device: torch.device,
+        timer: SectionTimer,
+    ) -> None:
+        self.comm = make_communicator(pipeline.comm_backend, device)
+        self.overlap_comm = self.comm
+        if pipeline.comm_overlapped and pipeline.comm_overlapped != pipeline.comm_backend:
+            self.overlap_comm = make_communicator(pipeline.comm_overlapped, device)
+        self.schedule_name = schedule_name(mode, pipeline.prioritize, world)
+        self.embeddings = self._collection(model, section, device, timer)
+        self.swapped = {p: model.get_submodule(p) for p in model.sharded_modules}  # type: ignore[union-attr]
+        self.table_entries = TableEntries(self.embeddings)  # what checkpoints hold
+        self.schedule = Schedule(self.embeddings, device, timer.section)
+
+    def _collection(
+        self, model: nn.Module, section: EmbeddingsSection, device: torch.device, timer: Any
+    ) -> Any:
+        """The one place the collection is built, its mode and hooks included."""
+        embeddings = swap(
+            model, sharding_plan(section, model), self.comm, device,
+            mode=MODES[self.schedule_name](), timer=timer.section,
+            overlap_comm=self.overlap_comm,
+            inputs_checked=True,  # the loader checks every training batch (`inputs.find_problem`)
+        )  # fmt: skip
+        self.guard = embeddings.guard_nonfinite()  # skip non-finite steps on every rank
+        return embeddings
+
+    def lookup_features(self, model: nn.Module, batch: SampleBatch) -> dict[str, Any]:
+        """Every table lookup ``batch`` needs, as the collection's features (one call)."""
+        features: dict[str, Any] = {}
+        for path, value in model.embedding_inputs(batch).items():  # type: ignore[operator]
+            module = self.swapped.get(path)
+            if module is None:
+                raise ValueError(
+                    f"embedding_inputs names {path!r}, which is not among the model's "
+                    f"sharded_modules {sorted(self.swapped)}"
+                )
+            features.update(module.lookup_features(value))
+        return features
