@@ -37,7 +37,7 @@ def _train(balance: str, mode: str, *extra: str) -> dict:
         out = pop(stage)
         local.append(out[0].batch_size)
         ids = trainer.model.embedding_inputs(out[0])["item_emb"]
-        counts.append(torch.bincount(ids.cpu(), minlength=trainer.cfg.num_items))
+        counts.append(torch.bincount(ids.cpu(), minlength=trainer.cfg.data.num_items))
         return out
 
     with mock.patch.object(BalanceStage, "pop", recording_pop):
@@ -126,17 +126,18 @@ def _assert_same_run(got: dict, base: dict) -> None:
     exact gradient is zero) can take either sign (`adam_drift`)."""
     cfg, hot = base["cfg"], got["hot"]  # the same global batches: the same reads
     assert got["samples"] == base["samples"]  # nothing lost or duplicated
-    depth = 2 * BLOCK_DEPTH * cfg.layers + 2
-    keys = cfg.max_uih + cfg.max_candidates
-    terms = max(2 * cfg.dim, keys, hot)
+    dim, layers = cfg.model.options["dim"], cfg.model.options["layers"]
+    depth = 2 * BLOCK_DEPTH * layers + 2
+    keys = cfg.data.max_uih + cfg.data.max_candidates
+    terms = max(2 * dim, keys, hot)
     losses, want = torch.tensor(got["losses"]), torch.tensor(base["losses"])
     loss_tol = steps_tol(torch.float32, terms, float(want.abs().max()), STEPS, depth)
     torch.testing.assert_close(losses, want, **loss_tol)
-    step = cfg.emb_lr * cfg.item_dim**0.5 * hot**0.5
+    step = cfg.embeddings.lr * dim**0.5 * hot**0.5
     table_tol = steps_tol(torch.float32, terms, step, STEPS, depth + 2)
     torch.testing.assert_close(got["table"], base["table"], **table_tol)
     for k, v in base["dense"].items():
-        torch.testing.assert_close(got["dense"][k], v, rtol=0, atol=adam_drift(cfg.dense_lr, STEPS))
+        torch.testing.assert_close(got["dense"][k], v, rtol=0, atol=adam_drift(cfg.dense.lr, STEPS))
 
 
 def _losses(tmp_path, plan_process: str) -> list[float]:
