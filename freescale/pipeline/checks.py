@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from freescale.data.source import BUILTIN_KINDS
+from freescale.data.source import BUILTIN_KINDS, STREAMS
 from freescale.models.contract import load_object
 from freescale.pipeline.checkpoint import check_resumable
 from freescale.pipeline.config import TrainConfig
@@ -49,7 +49,8 @@ def check_launch(cfg: TrainConfig, model_given: bool = False) -> None:
             text = getattr(cfg.faults, key)
             raise ValueError(f"faults.{key}={text!r} names a rank outside 0..{world - 1}")
     kind, _, path = cfg.data.source.partition(":")
-    if kind in BUILTIN_KINDS and path and not Path(path).is_file():
+    # (a streamed source takes directories, globs, URLs: it checks them itself, in check_data)
+    if kind in BUILTIN_KINDS and kind not in STREAMS and path and not Path(path).is_file():
         raise ValueError(f"data file {path!r} ({kind}) does not exist or is not a file")
     if not cfg.model.builtin and not model_given:
         load_object(cfg.model.factory, "model")  # importable, before any rank starts
