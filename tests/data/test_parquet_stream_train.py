@@ -55,3 +55,25 @@ def test_resume_at_the_same_world_size_is_exact(tmp_path):
     ids = [i for out in per_rank for i in out["first_ids"] + out["full_ids"]]
     assert len(set(ids)) == len(ids)  # 10 steps x 2 ranks: less than an epoch, no repeat
     assert len({f for f, _, _ in ids}) > 1  # the shares mix the files
+
+
+def _bad_rank(data: str) -> str:
+    keys = [f"data=parquet-stream:{data}", "data.shuffle=false", "evaluation.every=0"]
+    try:
+        Trainer(build_config("demo", [*COMMON, *keys])).run()
+    except ValueError as e:
+        return str(e)
+    return "no error"
+
+
+def test_a_bad_row_read_by_one_rank_is_every_ranks_one_line_error(tmp_path):
+    """Rank 0 reads the first row group (shuffle off), where row 2 has an item
+    id beyond the table: both ranks raise its one line before training on it."""
+    pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+    rows = [[1, 2, 3, 4, 5]] * 40
+    rows[2] = [1, 2, 3, 4, 90]
+    table = pa.table({"items": rows}).replace_schema_metadata({"freescale.num_items": "50"})
+    pq.write_table(table, tmp_path / "a.parquet", row_group_size=10)
+    errors = run_ranks(_bad_rank, 2, str(tmp_path), timeout=120)
+    want = f"{tmp_path / 'a.parquet'}: row group 0, row 2: items value 90 is outside 0..49"
+    assert errors[0] == errors[1] and errors[0].startswith(want), errors
