@@ -105,6 +105,8 @@ def run_stats(args: argparse.Namespace) -> int:
         # file data in the order training reads it (its default shuffled epochs)
         SequenceSampling(max_uih=max(args.max_uih), shuffle=True, seed=args.seed),
     )
+    if not hasattr(source, "raw_sample"):  # streamed data: statistics need a pass of their own
+        raise ValueError(f"data stats does not read {args.source.partition(':')[0]} data yet")
     file_data = hasattr(source, "steps_per_epoch")
     steps, coverage = {}, {}
     for b in args.batch_size:

@@ -138,9 +138,14 @@ def read_columns(
 
 
 def _history(
-    path: Path, where: str, lists: dict[str, list[int]], vocab: _Vocab, extra: list[str]
+    path: Path | str,
+    where: str,
+    lists: dict[str, list[int]],
+    vocab: _Vocab | None,
+    extra: list[str],
 ) -> UserHistory:
-    """One row: its columns checked, as one user's history in time order."""
+    """One row: its columns checked, as one user's history in time order
+    (``vocab``: how raw item ids are remapped; None keeps them as given)."""
     items = lists["items"]
     n = len(items)
     for c, values in lists.items():
@@ -156,7 +161,10 @@ def _history(
     for c in extra:
         if any(v < 0 for v in lists[c]):
             raise DataFormatError(path, where, f"{c} value {min(lists[c])} is negative")
-    ids = np.fromiter((vocab(i) for i in items), np.int64, n)
+    if vocab is None:
+        ids = np.asarray(items, dtype=np.int64).reshape(n)
+    else:
+        ids = np.fromiter((vocab(i) for i in items), np.int64, n)
     stamps = np.asarray(lists.get("timestamps", range(n)), dtype=np.int64).reshape(n)
     order = np.argsort(stamps, kind="stable") if "timestamps" in lists else np.arange(n)
     return UserHistory(
@@ -227,7 +235,7 @@ def _per_item(
     return table
 
 
-def _as_ints(path: Path, where: str, column: str, value: Any, from_text: bool) -> list[int]:
+def _as_ints(path: Path | str, where: str, column: str, value: Any, from_text: bool) -> list[int]:
     if value is None:
         raise DataFormatError(path, where, f"{column} is empty (null)")
     if from_text:

@@ -91,9 +91,7 @@ class SequenceSource(SampleStream):
             evaluated = bool(s.holdout) and n >= s.holdout + 1
             if evaluated:
                 self.eval_users.append(u)
-            targets = range(n - s.holdout - s.num_positives, 0, -s.stride)
-            if s.samples_per_user:
-                targets = targets[: s.samples_per_user]
+            targets = training_targets(n, s)
             index += [(int(h.timestamps[t]), u, t) for t in targets]
             self.users_dropped += not (evaluated or len(targets))
         index.sort()
@@ -134,17 +132,12 @@ class SequenceSource(SampleStream):
         return tuple(self.index[k if order is None else order[k]].tolist())
 
     def raw_sample(self, p: int, max_uih: int | None = None) -> RawSample:
-        s = self.sampling
         u, t = self.sample_at(p)
-        h = self.dataset.users[u]
-        lo = max(0, t - (s.max_uih if max_uih is None else max_uih))
-        rng = np.random.default_rng([s.seed, p])
-        pos = h.items[t : t + s.num_positives]
-        neg = rng.integers(0, self.num_items, s.num_negatives)
-        order = rng.permutation(pos.size + neg.size)
-        cand = np.concatenate([pos, neg])[order]
-        labels = np.concatenate([np.ones(pos.size), np.zeros(neg.size)])[order]
-        return self._raw(h, lo, t, cand, labels)
+        rng = np.random.default_rng([self.sampling.seed, p])
+        return training_sample(
+            self.dataset.users[u], t, self.sampling, self.num_items, rng,
+            self.dataset.item_features, max_uih,
+        )  # fmt: skip
 
     def batch(self, step: int, rank: int, world_size: int, batch_size: int) -> SampleBatch:
         first = self.first_position(step, rank, world_size, batch_size)
@@ -201,21 +194,59 @@ class SequenceSource(SampleStream):
     def _raw(
         self, h: UserHistory, lo: int, t: int, cand: np.ndarray, labels: np.ndarray
     ) -> RawSample:
-        """The sample of history ``h``: UIH = events ``[lo, t)``, every per-event
-        feature sliced with the items; a candidate's features are its item's."""
-        cand = cand.astype(np.int64)
-        return RawSample(
-            uih_ids=h.items[lo:t],
-            actions=h.actions[lo:t],
-            timestamps=h.timestamps[lo:t],
-            cand_ids=cand,
-            labels=labels.astype(np.float32),
-            content_lengths=np.zeros(cand.size, dtype=np.int64),
-            content_ids=np.zeros(0, dtype=np.int64),
-            dense=np.zeros(0, dtype=np.float32),
-            uih_features={name: values[lo:t] for name, values in h.features.items()},
-            cand_features={name: table[cand] for name, table in self.dataset.item_features.items()},
-        )
+        return history_sample(h, lo, t, cand, labels, self.dataset.item_features)
+
+
+def training_targets(n: int, s: SequenceSampling) -> range:
+    """The training target positions of a history of ``n`` events: the last
+    allowed one, then every ``stride`` earlier, at most ``samples_per_user``."""
+    targets = range(n - s.holdout - s.num_positives, 0, -s.stride)
+    return targets[: s.samples_per_user] if s.samples_per_user else targets
+
+
+def training_sample(
+    h: UserHistory,
+    t: int,
+    s: SequenceSampling,
+    num_items: int,
+    rng: np.random.Generator,
+    item_features: dict[str, np.ndarray],
+    max_uih: int | None = None,
+) -> RawSample:
+    """The training sample of ``h`` at target ``t`` (`SequenceSampling`), its
+    negatives drawn from ``rng``."""
+    lo = max(0, t - (s.max_uih if max_uih is None else max_uih))
+    pos = h.items[t : t + s.num_positives]
+    neg = rng.integers(0, num_items, s.num_negatives)
+    order = rng.permutation(pos.size + neg.size)
+    cand = np.concatenate([pos, neg])[order]
+    labels = np.concatenate([np.ones(pos.size), np.zeros(neg.size)])[order]
+    return history_sample(h, lo, t, cand, labels, item_features)
+
+
+def history_sample(
+    h: UserHistory,
+    lo: int,
+    t: int,
+    cand: np.ndarray,
+    labels: np.ndarray,
+    item_features: dict[str, np.ndarray],
+) -> RawSample:
+    """The sample of history ``h``: UIH = events ``[lo, t)``, every per-event
+    feature sliced with the items; a candidate's features are its item's."""
+    cand = cand.astype(np.int64)
+    return RawSample(
+        uih_ids=h.items[lo:t],
+        actions=h.actions[lo:t],
+        timestamps=h.timestamps[lo:t],
+        cand_ids=cand,
+        labels=labels.astype(np.float32),
+        content_lengths=np.zeros(cand.size, dtype=np.int64),
+        content_ids=np.zeros(0, dtype=np.int64),
+        dense=np.zeros(0, dtype=np.float32),
+        uih_features={name: values[lo:t] for name, values in h.features.items()},
+        cand_features={name: table[cand] for name, table in item_features.items()},
+    )
 
 
 def eval_negatives(

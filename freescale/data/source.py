@@ -7,6 +7,8 @@ from functools import partial
 from typing import Any, Protocol
 
 from freescale.data.columnar import read_columns
+from freescale.data.parquet_stream import OPTIONS as STREAM_OPTIONS
+from freescale.data.parquet_stream import ParquetStreamSource
 from freescale.data.readers import read_movielens, read_sasrec
 from freescale.data.sequences import SequenceSampling, SequenceSource
 from freescale.data.synthetic import SyntheticConfig, SyntheticSource
@@ -19,10 +21,15 @@ READERS = {
     "parquet": partial(read_columns, fmt="parquet"),
     "csv": partial(read_columns, fmt="csv"),
 }
-FILE_SPECS = ", ".join(f"'{k}:PATH'" for k in READERS)
-BUILTIN_KINDS = ("synthetic", *READERS)
+STREAMS = {"parquet-stream": ParquetStreamSource}  # read piece by piece, never whole
+FILE_SPECS = ", ".join(f"'{k}:PATH'" for k in (*READERS, *STREAMS))
+BUILTIN_KINDS = ("synthetic", *READERS, *STREAMS)
 # The ``data.KEY=VALUE`` options each built-in source takes (docs/train-on-your-data.md).
-OPTIONS: dict[str, tuple[str, ...]] = {"parquet": ("features",), "csv": ("features",)}
+OPTIONS: dict[str, tuple[str, ...]] = {
+    "parquet": ("features",),
+    "csv": ("features",),
+    "parquet-stream": STREAM_OPTIONS,
+}
 
 
 class DataSource(Protocol):
@@ -51,12 +58,13 @@ def open_source(
     options: Mapping[str, Any] | None = None,
 ) -> DataSource:
     """``synthetic`` | ``sasrec:PATH`` | ``movielens:PATH`` (ratings.dat or .csv) |
-    ``parquet:PATH`` | ``csv:PATH`` (one row per user with list columns; needs pyarrow).
+    ``parquet:PATH`` | ``csv:PATH`` (one row per user with list columns; needs pyarrow) |
+    ``parquet-stream:PATH`` (the same layout, streamed: `freescale.data.parquet_stream`).
 
     ``options``: the source's ``data.KEY=VALUE`` options (`OPTIONS`; Parquet
     and CSV take ``features``, `freescale.data.columnar`); any other is an error."""
     kind, _, path = spec.partition(":")
-    if not ((kind == "synthetic" and not path) or (kind in READERS and path)):
+    if not ((kind == "synthetic" and not path) or (kind in (*READERS, *STREAMS) and path)):
         raise ValueError(f"unknown data source {spec!r}: use 'synthetic' or one of {FILE_SPECS}")
     options = dict(options or {})
     known = OPTIONS.get(kind, ())
@@ -66,6 +74,9 @@ def open_source(
         raise ValueError(f"data={spec!r} takes {takes}; got data.{unknown[0]}")
     if kind == "synthetic":
         return SyntheticSource(synthetic)
+    if kind in STREAMS:
+        num_items = (synthetic or SyntheticConfig()).num_items
+        return STREAMS[kind](path, sampling, num_items=num_items, **options)
     return SequenceSource(READERS[kind](path, **options), sampling)
 
 

@@ -191,7 +191,7 @@ class Feed:
             # A blocking metadata collective: waiting here for a peer (whose
             # loader is late) is exposed communication, as in the count all-reduce.
             with self.timer("meta"):
-                self.check(info.problem, self.loaded)
+                self.check(info.problem, self.loaded, info.error)
         self.loaded += 1
         return batch, info
 

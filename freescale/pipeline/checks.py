@@ -14,9 +14,9 @@ from pathlib import Path
 
 import torch
 
-from freescale.data.source import BUILTIN_KINDS
+from freescale.data.source import BUILTIN_KINDS, STREAMS
 from freescale.models.contract import load_object
-from freescale.pipeline.checkpoint import check_resumable
+from freescale.pipeline.checkpoint import check_resumable, read_manifest
 from freescale.pipeline.config import TrainConfig
 from freescale.pipeline.faults import parse_ranks
 from freescale.pipeline.graphs import check_attention
@@ -49,7 +49,8 @@ def check_launch(cfg: TrainConfig, model_given: bool = False) -> None:
             text = getattr(cfg.faults, key)
             raise ValueError(f"faults.{key}={text!r} names a rank outside 0..{world - 1}")
     kind, _, path = cfg.data.source.partition(":")
-    if kind in BUILTIN_KINDS and path and not Path(path).is_file():
+    # (a streamed source takes directories, globs, URLs: it checks them itself, in check_data)
+    if kind in BUILTIN_KINDS and kind not in STREAMS and path and not Path(path).is_file():
         raise ValueError(f"data file {path!r} ({kind}) does not exist or is not a file")
     if not cfg.model.builtin and not model_given:
         load_object(cfg.model.factory, "model")  # importable, before any rank starts
@@ -64,7 +65,14 @@ def check_launch(cfg: TrainConfig, model_given: bool = False) -> None:
         # rank). Under torchrun each process is a rank: they check the files
         # together, sharing the hashing, in `Checkpointer.load`.
         torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
-        check_resumable(cfg.checkpoint.resume, cfg.as_dict(), verify=not torchrun)
+        found = check_resumable(cfg.checkpoint.resume, cfg.as_dict(), verify=not torchrun)
+        if kind in STREAMS:  # its position is per rank stream: the same world size only
+            manifest = read_manifest(found)
+            if manifest["samples_seen"] != manifest["step"] * world * run.batch_size:
+                raise ValueError(
+                    f"resume: {found} was written at world size {manifest['world_size']}; "
+                    f"{kind} data resumes only at the world size it was written at, not {world}"
+                )
 
 
 def _writable_dir(key: str, directory: Path) -> None:

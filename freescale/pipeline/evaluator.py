@@ -43,7 +43,15 @@ class Evaluator:
         self.embeddings, self.schedule = embeddings, schedule
         self.rank, self.world, self.batch_size, self.device = rank, world, batch_size, device
 
+    @property
+    def skipped(self) -> str:
+        """Why this source is not evaluated ('' when it is): a streamed source
+        has no held-out split yet (`freescale.data.parquet_stream`)."""
+        return getattr(self.source, "no_evaluation", "")
+
     def due(self, step: int, steps: int) -> bool:
+        if self.skipped:
+            return False
         every = self.section.every
         return bool(every) and ((step + 1) % every == 0 or step + 1 == steps)
 
@@ -82,6 +90,8 @@ class Evaluator:
     def final(self) -> dict[str, Any]:
         """File data: every user of the validation and test splits, and (rank 0)
         the popularity baseline on the test split; empty for synthetic data."""
+        if self.skipped:
+            return {"skipped": self.skipped}
         if not self.ranked:
             return {}
         self.schedule.flush()

@@ -33,8 +33,9 @@ from torch import Tensor
 from freescale.jagged.batch import CAND_IDS, CONTENT_IDS, UIH_ACTIONS, UIH_IDS, SampleBatch
 from freescale.jagged.schema import DataSchema, Feature
 from freescale.jagged.tensor import JaggedFeatures
+from freescale.pipeline.rank_text import first_problem
 
-OK, OFFSETS, ID_RANGE, NONFINITE, MISSING = range(5)
+OK, OFFSETS, ID_RANGE, NONFINITE, MISSING, DATA_ERROR = range(6)
 _WIDTH = 6  # code, part, local index, sample id, value, extra
 
 # What each part of a batch is called in messages, by index.
@@ -209,14 +210,18 @@ class InputAgreement:
     def __init__(self, group: Any, rank: int, world: int, limits: Limits) -> None:
         self.group, self.rank, self.world, self.limits = group, rank, world, limits
 
-    def check(self, problem: list[int] | None, step: int) -> None:
-        """Raise the same ValueError on every rank if any rank's batch of ``step`` is bad."""
+    def check(self, problem: list[int] | None, step: int, error: str = "") -> None:
+        """Raise the same ValueError on every rank if any rank's batch of ``step`` is bad
+        (``error``: the source's own line, when it could not build the batch)."""
         row = torch.tensor(problem or [OK] * _WIDTH, dtype=torch.int64)
         if self.world > 1:
             rows = [torch.empty_like(row) for _ in range(self.world)]
             dist.all_gather(rows, row, group=self.group)
         else:
             rows = [row]
+        if any(int(got[0]) == DATA_ERROR for got in rows):  # its text, from its rank
+            text = first_problem(error, self.group, self.world) if self.world > 1 else error
+            raise ValueError(text)
         for r, got in enumerate(rows):
             if int(got[0]) != OK:
                 raise ValueError(message(r, step, got.tolist(), self.limits))

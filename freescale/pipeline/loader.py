@@ -31,6 +31,7 @@ from torch.utils.data import DataLoader, Dataset
 from freescale.balance.world import NUM_FEATURES, batch_features
 from freescale.jagged.batch import SampleBatch
 from freescale.jagged.packed import PackedBatch, pack
+from freescale.pipeline.inputs import DATA_ERROR
 
 _DONE = object()
 
@@ -52,6 +53,9 @@ class BatchInfo:
     # summed cost features (samples, ΣL, ΣL², candidates, content), logged per rank so
     # that compute models can be fitted and checked from the step JSON lines
     features: tuple[float, ...] = (0.0,) * NUM_FEATURES
+    # the source could not build the batch (a bad row of streamed data): its one line,
+    # agreed by every rank like an input problem (`freescale.pipeline.inputs`)
+    error: str = ""
 
     @classmethod
     def of(cls, batch: SampleBatch, with_lengths: Any = None, validate: Any = None) -> BatchInfo:
@@ -97,8 +101,13 @@ class StepBatches(Dataset):
     def __len__(self) -> int:
         return len(self.steps)
 
-    def __getitem__(self, k: int) -> tuple[SampleBatch | PackedBatch, BatchInfo]:
-        batch = self.source.batch(self.steps[k], self.rank, self.world_size, self.batch_size)
+    def __getitem__(self, k: int) -> tuple[SampleBatch | PackedBatch | None, BatchInfo]:
+        try:
+            batch = self.source.batch(self.steps[k], self.rank, self.world_size, self.batch_size)
+        except ValueError as e:  # the data's own one-line error: no batch, every rank raises
+            return None, BatchInfo(
+                0, 0, 0, 0, 0.0, 0, problem=[DATA_ERROR, 0, 0, 0, 0, 0], error=str(e)
+            )
         info = BatchInfo.of(batch, self.host_lengths, self.validate)
         return (pack(batch) if self.packed else batch), info
 
@@ -169,7 +178,7 @@ class Prefetcher:
                 if self.delay_s:
                     time.sleep(self.delay_s)
                 event = None
-                if self.copy_stream is not None:
+                if self.copy_stream is not None and batch is not None:
                     with torch.cuda.stream(self.copy_stream):
                         batch = batch.to(self.device, non_blocking=True)
                         event = torch.cuda.Event()

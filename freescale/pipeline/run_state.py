@@ -66,6 +66,9 @@ class RunState:
         path = check_resumable(self.section.resume, self.config, verify=False)
         self.position = self.checkpoints.load(path, self.tables, self.replicated)
         source, self.data_position = resumed_source(source, self.position)
+        check_world = getattr(source, "check_world", None)  # a source that cannot continue
+        if check_world is not None:  # there says so here, before any step
+            check_world(self.world, self.batch_size)
         return self.position.step, source
 
     def samples_before(self, step: int) -> int:

@@ -66,6 +66,9 @@ def check_data(
     source = make_source(data, run.seed) if source is None else source
     schema_of(source)  # a malformed schema fails here
     name, batch_size = data.source, run.batch_size
+    check_world = getattr(source, "check_world", None)  # streamed data: a share per rank
+    if check_world is not None:
+        check_world(world_size, batch_size)
     if hasattr(source, "steps_per_epoch"):  # file data: epochs repeat, any step count
         counts = source.split_counts()
         if source.steps_per_epoch(world_size, batch_size) < 1:

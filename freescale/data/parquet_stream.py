@@ -1,0 +1,399 @@
+"""Streaming Parquet (``parquet-stream:PATH``): user histories far larger than memory.
+
+PATH is a Parquet file, a directory of them (searched recursively; names
+starting with ``_`` or ``.`` are skipped), a local glob (``logs/*/part-*.parquet``)
+or a URL pyarrow's file systems read (``s3://bucket/logs/``). The layout is
+the one `freescale.data.columnar` reads, one row per user with list columns,
+and every row is checked by its code (`columnar._history`: equal list
+lengths, actions in range, no negative id, events sorted by ``timestamps``),
+with two differences:
+
+- **Ids as given.** Item ids are not remapped (that needs a pass over all
+  the data): they are integers in ``[0, num_items)``. ``num_items`` is the
+  file metadata key ``freescale.num_items`` when the first file has it,
+  else ``data.num_items``. ``num_actions`` likewise: ``freescale.num_actions``,
+  else the option ``data.num_actions``, else ``MAX_ACTIONS`` (1 without an
+  ``actions`` column). Extra features (``data.features``) must be ``uih``
+  level with ROWS given; candidates-level features need a per-item table,
+  i.e. a pass over all the data, and are refused.
+- **Order.** Samples are not sorted by time; they follow the stream below.
+
+Pieces and epochs. The unit of reading is a row group ("piece"), numbered
+in file order (files sorted by path). Epoch ``e`` permutes the pieces with
+(seed, e) (``data.shuffle=false``: file order) and deals them round-robin:
+rank ``r`` of ``W`` reads pieces ``perm[r::W]``, a disjoint share. A rank's
+share is cut into windows of consecutive pieces of at least
+``shuffle_buffer`` rows; the samples of a window are shuffled with (seed, e,
+rank, window). Memory per rank is one window (plus its last row group),
+whatever the size of the data. Each rank's stream runs on through its own
+epochs: rank ``r``'s batch of global step ``s`` is samples ``[s*B, (s+1)*B)``
+of its stream, a pure function of (seed, W, r, B, s).
+
+Samples of a row: the training targets of `sequences.training_targets` (the
+same ``samples_per_user`` / ``target_stride`` / ``max_uih`` rules as the
+in-memory sources, the last ``holdout`` = 2 events of each user held out),
+negatives drawn with (seed, epoch, sample id). A sample's id is stable:
+``file << 48 | row in file << 16 | target number`` (`split_sample_id`).
+
+Resume: at the world size of the checkpoint, step ``n`` reads exactly what
+the uninterrupted run read (the stream is a function of the step; reaching
+step ``n`` reads the ``items`` column of the row groups before it to count
+their samples). At another world size: not yet supported, a one-line error.
+No held-out evaluation: ``evaluation.every`` is skipped with a note.
+
+Cost: piece sample counts are cached (a few integers per row group); with
+``data.loader_workers`` > 1 each worker reads every window of its rank's
+stream (Parquet decoding repeated per worker) and builds only its own steps.
+"""
+
+from __future__ import annotations
+
+import glob
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from freescale.data.columnar import MAX_ACTIONS, _as_ints, _history, _pyarrow, parse_features
+from freescale.data.readers import DataFormatError, UserHistory
+from freescale.data.sequences import SequenceSampling, training_sample, training_targets
+from freescale.data.stream import SampleStream
+from freescale.data.synthetic import samples_to_batch
+from freescale.jagged.batch import SampleBatch
+from freescale.jagged.schema import DataSchema, Feature
+
+OPTIONS = ("features", "shuffle_buffer", "num_actions")
+DEFAULT_SHUFFLE_BUFFER = 10_000  # rows per shuffle window
+OPTIONAL = ("actions", "timestamps")
+ID_BITS = (15, 32, 16)  # sample id: file, row in file, target number
+
+
+def split_sample_id(sample_id: int) -> tuple[int, int, int]:
+    """(file index, row in file, target number) of a streamed sample's id."""
+    return sample_id >> 48, (sample_id >> 16) & (2**32 - 1), sample_id & (2**16 - 1)
+
+
+@dataclass(frozen=True)
+class Files:
+    """The data's files (sorted) and their row groups, from the footers only."""
+
+    filesystem: Any
+    paths: list[str]
+    columns: list[str]  # the list columns read: items, the optional ones present, features
+    piece_file: np.ndarray  # per row group: its file index
+    piece_group: np.ndarray  # its row group number in the file
+    piece_rows: np.ndarray  # its rows
+    piece_first: np.ndarray  # its first row's index in the file
+    metadata: dict[str, str]  # the first file's ``freescale.*`` keys
+
+
+def _list_files(spec: str) -> tuple[Any, list[str]]:
+    pa = _pyarrow()
+    import pyarrow.fs as pafs
+
+    if "://" in spec:
+        try:
+            filesystem, root = pafs.FileSystem.from_uri(spec)
+        except (pa.ArrowException, OSError, ValueError) as e:
+            raise DataFormatError(spec, None, str(e).splitlines()[0]) from None
+    else:
+        filesystem, root = pafs.LocalFileSystem(), str(Path(spec).absolute())
+        if any(c in spec for c in "*?["):
+            paths = sorted(p for p in glob.glob(root, recursive=True) if Path(p).is_file())
+            if not paths:
+                raise DataFormatError(spec, None, "the pattern matches no file")
+            return filesystem, paths
+    info = filesystem.get_file_info(root)
+    if info.type == pafs.FileType.NotFound:
+        raise DataFormatError(spec, None, "no such file or directory")
+    if info.type == pafs.FileType.File:
+        return filesystem, [root]
+    import pyarrow.dataset as ds
+
+    paths = sorted(ds.dataset(root, filesystem=filesystem, format="parquet").files)
+    if not paths:
+        raise DataFormatError(spec, None, "a directory with no Parquet file")
+    return filesystem, paths
+
+
+def scan_files(spec: str, extra: list[str]) -> Files:
+    """Every file's footer: its schema checked (``items`` and ``extra`` present,
+    every list column a list of integers, the same optional columns in every
+    file), its row groups listed. One-line `DataFormatError` naming the file."""
+    pa = _pyarrow()
+    import pyarrow.parquet as pq
+
+    filesystem, paths = _list_files(spec)
+    if len(paths) >= 2 ** ID_BITS[0]:
+        raise DataFormatError(spec, None, f"{len(paths)} files: at most {2 ** ID_BITS[0] - 1}")
+    columns: list[str] | None = None
+    pieces: list[tuple[int, int, int, int]] = []
+    metadata: dict[str, str] = {}
+    for k, path in enumerate(paths):
+        try:
+            with filesystem.open_input_file(path) as f:
+                meta = pq.ParquetFile(f).metadata
+            schema = meta.schema.to_arrow_schema()
+        except (pa.ArrowException, OSError) as e:
+            raise DataFormatError(path, None, str(e).splitlines()[0]) from None
+        names = schema.names
+        for c in ("items", *extra):
+            if c not in names:
+                raise DataFormatError(path, None, f"no {c!r} column (columns: {names})")
+        mine = ["items", *(c for c in OPTIONAL if c in names), *extra]
+        if columns is None:
+            columns = mine
+            metadata = {
+                key.decode(): value.decode()
+                for key, value in (schema.metadata or {}).items()
+                if key.startswith(b"freescale.")
+            }
+        elif mine != columns:
+            raise DataFormatError(path, None, f"columns {mine} differ from {columns} of {paths[0]}")
+        for c in mine:
+            t = schema.field(c).type
+            if not (
+                (pa.types.is_list(t) or pa.types.is_large_list(t))
+                and pa.types.is_integer(t.value_type)
+            ):
+                raise DataFormatError(path, None, f"column {c!r} is {t}, not a list of integers")
+        if meta.num_rows >= 2 ** ID_BITS[1]:
+            raise DataFormatError(path, None, f"{meta.num_rows} rows: at most 2**32 - 1 per file")
+        first = 0
+        for g in range(meta.num_row_groups):
+            rows = meta.row_group(g).num_rows
+            if rows:
+                pieces.append((k, g, rows, first))
+            first += rows
+    table = np.array(pieces, dtype=np.int64).reshape(-1, 4)
+    return Files(filesystem, paths, columns or [], *table.T.copy(), metadata)
+
+
+def _metadata_int(files: Files, key: str, given: int | None) -> int | None:
+    text = files.metadata.get(f"freescale.{key}")
+    if text is None:
+        return given
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
+        raise DataFormatError(files.paths[0], None, f"metadata freescale.{key}={text!r}: not >= 1")
+    return int(text)
+
+
+class ParquetStreamSource(SampleStream):
+    """A `DataSource` that streams row groups of Parquet files (module docstring)."""
+
+    no_evaluation = "parquet-stream has no held-out split yet: evaluation skipped"
+
+    def __init__(
+        self,
+        spec: str,
+        sampling: SequenceSampling | None = None,
+        num_items: int = 2_000,
+        features: Any = None,
+        shuffle_buffer: int | str = DEFAULT_SHUFFLE_BUFFER,
+        num_actions: int | str | None = None,
+    ) -> None:
+        self.sampling = sampling or SequenceSampling()
+        wanted = parse_features(features)
+        for name, level, rows in wanted:
+            if level != "uih" or rows is None:
+                raise ValueError(
+                    f"parquet-stream: data.features {name}:{level} must be uih-level with ROWS "
+                    "given (NAME:uih:ROWS); candidates-level features need a pass over all data"
+                )
+        self.shuffle_buffer = _positive("data.shuffle_buffer", shuffle_buffer)
+        self.extra = [name for name, _, _ in wanted]
+        self.files = scan_files(spec, self.extra)
+        self.spec = spec
+        self.num_items = _metadata_int(self.files, "num_items", num_items)
+        given = None if num_actions is None else _positive("data.num_actions", num_actions)
+        default = MAX_ACTIONS if "actions" in self.files.columns else 1
+        self.num_actions = _metadata_int(self.files, "num_actions", given) or default
+        self.features = tuple(Feature(name, "uih", rows) for name, _, rows in wanted)
+        self.rows = {name: rows for name, _, rows in wanted}
+        self.schema = DataSchema.standard(self.num_items, self.num_actions, self.features)
+        self._counts: dict[int, int] = {}  # piece -> training samples (cached, small)
+        self._cursor: dict[tuple[int, int], tuple[int, int, int]] = {}  # (epoch, window, first)
+        # per stream (rank, world size): the window in memory (its key, its samples
+        # in stream order, their shuffled order) and the windows of one epoch
+        self._window: dict[tuple[int, int], tuple[tuple, list, np.ndarray]] = {}
+        self._windows: dict[tuple[int, int], tuple[int, list[np.ndarray]]] = {}
+
+    # ---- the DataSource protocol -------------------------------------------
+    def num_steps(self, world_size: int, batch_size: int) -> int | None:
+        return None  # epochs repeat: any number of steps
+
+    def check_world(self, world_size: int, batch_size: int) -> None:
+        """Fail at start if ``world_size`` ranks cannot each read a share, or the
+        run resumes at a world size other than its checkpoint's."""
+        pieces = self.files.piece_rows.size
+        if pieces < world_size:
+            raise ValueError(
+                f"{self.spec}: {pieces} row groups for {world_size} ranks; every rank needs "
+                "one (write smaller row groups or more files)"
+            )
+        step0, position0 = self.origin
+        if position0 != step0 * world_size * batch_size:
+            raise ValueError(
+                f"{self.spec}: the checkpoint was written at another world size ({position0} "
+                f"samples before step {step0}); parquet-stream resumes only at the world size "
+                "the checkpoint was written at"
+            )
+
+    def batch(self, step: int, rank: int, world_size: int, batch_size: int) -> SampleBatch:
+        if step < 0 or not 0 <= rank < world_size or batch_size < 0:
+            raise ValueError(f"bad batch request: step {step} rank {rank}/{world_size}")
+        self.check_world(world_size, batch_size)
+        first = step * batch_size
+        ids, samples = [], []
+        for q in range(first, first + batch_size):
+            sid, sample = self.sample(q, rank, world_size)
+            ids.append(sid)
+            samples.append(sample)
+        return samples_to_batch(samples, torch.tensor(ids, dtype=torch.int64), 0, self.features)
+
+    # ---- the stream ----------------------------------------------------------
+    def share(self, epoch: int, rank: int, world_size: int) -> np.ndarray:
+        """The pieces ``rank`` reads in ``epoch``, in reading order."""
+        n = self.files.piece_rows.size
+        if self.sampling.shuffle:
+            order = np.random.default_rng([self.sampling.seed, 0x57EA, epoch]).permutation(n)
+        else:
+            order = np.arange(n)
+        return order[rank::world_size]
+
+    def windows(self, epoch: int, rank: int, world_size: int) -> list[np.ndarray]:
+        """The share cut into runs of pieces of at least ``shuffle_buffer`` rows."""
+        held = self._windows.get((rank, world_size))
+        if held is not None and held[0] == epoch:
+            return held[1]
+        out, run, rows = [], [], 0
+        for piece in self.share(epoch, rank, world_size).tolist():
+            run.append(piece)
+            rows += int(self.files.piece_rows[piece])
+            if rows >= self.shuffle_buffer:
+                out.append(np.array(run))
+                run, rows = [], 0
+        if run:
+            out.append(np.array(run))
+        self._windows[(rank, world_size)] = (epoch, out)
+        return out
+
+    def sample(self, q: int, rank: int, world_size: int) -> tuple[int, Any]:
+        """(id, `RawSample`) at position ``q`` of ``rank``'s stream."""
+        epoch, w, first = self._locate(q, rank, world_size)
+        key = (epoch, rank, world_size, w)
+        held = self._window.get((rank, world_size))
+        if held is None or held[0] != key:
+            items = self._load_window(*key)
+            order = np.arange(len(items))
+            if self.sampling.shuffle:
+                rng = np.random.default_rng([self.sampling.seed, 0x5B0F, epoch, rank, w])
+                order = rng.permutation(len(items))
+            held = self._window[(rank, world_size)] = (key, items, order)
+        _, items, order = held
+        sid, history, t = items[int(order[q - first])]
+        rng = np.random.default_rng([self.sampling.seed, 0x57E, epoch, sid])
+        return sid, training_sample(history, t, self.sampling, self.num_items, rng, {})
+
+    def _locate(self, q: int, rank: int, world_size: int) -> tuple[int, int, int]:
+        """(epoch, window, its first stream position) holding position ``q``."""
+        epoch, w, first = self._cursor.get((rank, world_size), (0, 0, 0))
+        if q < first:
+            epoch, w, first = 0, 0, 0
+        windows = self.windows(epoch, rank, world_size)
+        empty_epochs = 0
+        while True:
+            if w == len(windows):
+                epoch, w = epoch + 1, 0
+                windows = self.windows(epoch, rank, world_size)
+                empty_epochs += 1
+                if empty_epochs > 1:
+                    raise ValueError(
+                        f"{self.spec}: rank {rank}/{world_size}'s share holds no training "
+                        "sample (histories too short for a target)"
+                    )
+            count = sum(self._count(p) for p in windows[w].tolist())
+            if count and q < first + count:
+                self._cursor[(rank, world_size)] = (epoch, w, first)
+                return epoch, w, first
+            empty_epochs = 0 if count else empty_epochs
+            first, w = first + count, w + 1
+
+    # ---- reading -------------------------------------------------------------
+    def _read(self, piece: int, columns: list[str]) -> Any:
+        pa = _pyarrow()
+        import pyarrow.parquet as pq
+
+        path = self.files.paths[self.files.piece_file[piece]]
+        group = int(self.files.piece_group[piece])
+        try:
+            with self.files.filesystem.open_input_file(path) as f:
+                return pq.ParquetFile(f).read_row_group(group, columns=columns)
+        except (pa.ArrowException, OSError) as e:
+            why = str(e).splitlines()[0]
+            raise DataFormatError(path, f"row group {group}", why) from None
+
+    def _count(self, piece: int) -> int:
+        """Training samples of a piece (its ``items`` lengths only)."""
+        if piece not in self._counts:
+            import pyarrow.compute as pc
+
+            lengths = pc.list_value_length(self._read(piece, ["items"]).column("items"))
+            n = np.asarray(lengths.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
+            s = self.sampling
+            m = n - s.holdout - s.num_positives
+            count = np.maximum(0, (m + s.stride - 1) // s.stride)
+            if s.samples_per_user:
+                count = np.minimum(count, s.samples_per_user)
+            self._counts[piece] = int(count.sum())
+        return self._counts[piece]
+
+    def _load_window(self, epoch: int, rank: int, world_size: int, w: int) -> list:
+        """The samples of window ``w`` as (id, history, target), in stream order."""
+        out = []
+        for piece in self.windows(epoch, rank, world_size)[w].tolist():
+            for row, history in self._histories(piece):
+                for k, t in enumerate(training_targets(history.items.size, self.sampling)):
+                    if k >= 2 ** ID_BITS[2]:
+                        raise ValueError(f"{self.spec}: more than 65535 targets in one row")
+                    file = int(self.files.piece_file[piece])
+                    out.append(((file << 48) | (row << 16) | k, history, t))
+        return out
+
+    def _histories(self, piece: int) -> list[tuple[int, UserHistory]]:
+        """(row in file, checked history) of every row of a piece."""
+        table = self._read(piece, self.files.columns)
+        path = self.files.paths[self.files.piece_file[piece]]
+        group = int(self.files.piece_group[piece])
+        first = int(self.files.piece_first[piece])
+        columns = {c: table.column(c).to_pylist() for c in self.files.columns}
+        out = []
+        for r in range(table.num_rows):
+            where = f"row group {group}, row {first + r}"
+            lists = {c: _as_ints(path, where, c, v[r], False) for c, v in columns.items()}
+            history = _history(path, where, lists, None, self.extra)
+            self._check_range(path, where, history)
+            out.append((first + r, history))
+        return out
+
+    def _check_range(self, path: str, where: str, h: UserHistory) -> None:
+        """The bounds a streamed row cannot be remapped into: ids, actions, features."""
+        checks = [("items", h.items, self.num_items, "data.num_items / freescale.num_items")]
+        checks.append(("actions", h.actions, self.num_actions, "freescale.num_actions"))
+        checks += [(c, h.features[c], self.rows[c], f"data.features {c}") for c in self.extra]
+        for column, values, limit, setting in checks:
+            if values.size and int(values.max()) >= limit:
+                raise DataFormatError(
+                    path,
+                    where,
+                    f"{column} value {int(values.max())} is outside 0..{limit - 1} ({setting})",
+                )
+
+
+def _positive(name: str, value: int | str) -> int:
+    text = str(value)
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return int(text)
