@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 SCENARIOS = Path(__file__).resolve().parent / "scenarios"
-MEASURES = ("train", "kernels", "interference", "comm", "embedding", "sim_project", "sim_validate")
+MEASURES = ("train", "ab", "kernels", "interference", "comm", "embedding", "sim_project",
+            "sim_validate")  # fmt: skip
 DEVICES = ("cuda", "cpu", "any")
 
 

@@ -89,7 +89,7 @@ def run_point(s: Scenario, point: dict[str, Any], raw: Path) -> dict[str, Any]:
     metrics = raw / f"{slug}.jsonl"
     trace = raw / f"{slug}-trace.json.gz" if s.params.get("trace_steps") else None
     cfg = build_config(s.params.get("preset", "demo"), overrides(s, point, metrics, trace))
-    cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    cuda = cfg.run.device == "cuda" or (cfg.run.device == "auto" and torch.cuda.is_available())
     local = point["nproc"] == 1 and s.params.get("in_process", True)
     gc.collect()
     if cuda and local:
@@ -112,7 +112,8 @@ def run_point(s: Scenario, point: dict[str, Any], raw: Path) -> dict[str, Any]:
         if row.get("gpu_idle_pct") is not None:  # untraced steps' mean, as overhead.py did
             first, last = trace_window(s.params["trace_steps"])
             steps = _steps(metrics)
-            kept = [x for x in steps if x["step"] >= cfg.warmup and not first <= x["step"] <= last]
+            warm = cfg.run.warmup
+            kept = [x for x in steps if x["step"] >= warm and not first <= x["step"] <= last]
             row["step_ms"] = statistics.mean(x["step_ms"] for x in kept) if kept else row["step_ms"]
     if s.params.get("flops"):
         row.update(flops(cfg, point, row["step_ms"], s.params.get("peak_tflops")))
@@ -146,12 +147,12 @@ def flops(cfg: Any, point: dict[str, Any], step_ms: float, peak: float | None) -
     from freescale.pipeline.setup import build_model, make_source
 
     source = make_source(cfg)
-    model = build_model(cfg, schema_of(source))
+    model = build_model(cfg.model, schema_of(source))
     if not hasattr(model, "flops"):
         return {"tflops_per_gpu": None, "mfu_pct": None}
     w = point["nproc"]
     counts = [
-        [model.flops(source.batch(k, r, w, cfg.batch_size)) for r in range(w)] for k in range(3)
+        [model.flops(source.batch(k, r, w, cfg.run.batch_size)) for r in range(w)] for k in range(3)
     ]
     if any(c is None for step in counts for c in step):  # the model does not count its FLOPs
         return {"tflops_per_gpu": None, "mfu_pct": None}

@@ -1,0 +1,69 @@
+"""Measure: step times of this checkout beside an older build, alternating runs.
+
+The older build is a tree holding its ``freescale`` package, made with
+``git archive COMMIT freescale | tar x -C .base``. Each run is a fresh
+``python -m freescale.cli.main train`` of one build (its tree first on
+``PYTHONPATH``) with the same flat ``--set`` keys, which every build since
+the CLI began accepts; a run's step time is its summary's ``step_ms`` (mean
+after warm-up). Runs alternate base, new, base, new, ... so drift on the
+machine falls on both builds alike.
+
+Parameters (``[params]``): ``base`` (the older tree), ``rounds``, ``preset``,
+``common`` (``--set`` keys of every run), ``points`` (label -> keys of that
+point), ``timeout`` (seconds per run).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+from . import report
+from .runner import Ctx, Result
+from .scenario import Scenario
+
+DEFAULTS = {"base": ".base", "rounds": 2, "preset": "h200-21k", "common": [], "points": {},
+            "timeout": 280}  # fmt: skip
+
+
+def step_ms(tree: Path, preset: str, keys: list[str], log: Path, timeout: float) -> float:
+    env = {**os.environ, "PYTHONPATH": str(tree.resolve()), "PYTHONUNBUFFERED": "1"}
+    sets = [a for k in keys for a in ("--set", k)]
+    cmd = [sys.executable, "-m", "freescale.cli.main", "train", "--preset", preset, *sets]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    log.write_text(done.stdout + done.stderr)
+    if done.returncode:
+        raise RuntimeError(f"{tree}: rc {done.returncode}; see {log}")
+    summary = next(json.loads(x) for x in reversed(done.stdout.splitlines()) if x.startswith("{"))
+    return float(summary["step_ms"])
+
+
+def measure(s: Scenario, ctx: Ctx) -> Result:
+    args = SimpleNamespace(**{**DEFAULTS, **s.params})
+    trees = {"base": report.ROOT / args.base, "new": report.ROOT}
+    if not (trees["base"] / "freescale").is_dir():
+        raise FileNotFoundError(f"{trees['base']}: no freescale package (see benchmarks/ab.py)")
+    runs = []
+    for r in range(args.rounds):
+        for point, keys in args.points.items():
+            for build, tree in trees.items():
+                log = ctx.raw / f"{build}-{point.replace(' ', '-')}-r{r}.log"
+                ms = step_ms(tree, args.preset, [*args.common, *keys], log, args.timeout)
+                runs.append({"build": build, "point": point, "round": r, "step_ms": ms})
+                print(json.dumps(runs[-1]), flush=True)
+    rows = []
+    for point in args.points:
+        got = {b: [x["step_ms"] for x in runs if (x["build"], x["point"]) == (b, point)]
+               for b in trees}  # fmt: skip
+        base, new = statistics.median(got["base"]), statistics.median(got["new"])
+        rows.append({"case": point, "base_ms": base, "new_ms": new, "new_vs_base": new / base,
+                     "base_runs": got["base"], "new_runs": got["new"]})  # fmt: skip
+    note = (
+        f"base: the tree at `{args.base}`; new: this checkout. Medians over {args.rounds} round(s)."
+    )
+    return Result(rows, [note])
