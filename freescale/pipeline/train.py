@@ -231,9 +231,8 @@ class Trainer:
             extra["dense_graphs_captured"] = self.dense.graphs.captures
         if final:
             extra["eval"] = final
-            if "data" in final:  # file data held in memory: its size is known
-                samples = final["data"]["train_samples"]
-                extra["epochs"] = self.state.samples_before(step + 1) / max(samples, 1)
+            if samples := final.get("data", {}).get("train_samples"):  # unknown when streamed
+                extra["epochs"] = self.state.samples_before(step + 1) / samples
         if self.metrics.stop_agreed:
             extra.update(stopped="SIGTERM", last_step=step)
         return self.summary.final(extra)
