@@ -20,6 +20,7 @@ import os
 import statistics
 import subprocess
 import sys
+from collections import defaultdict
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -48,21 +49,22 @@ def measure(s: Scenario, ctx: Ctx) -> Result:
     trees = {"base": report.ROOT / args.base, "new": report.ROOT}
     if not (trees["base"] / "freescale").is_dir():
         raise FileNotFoundError(f"{trees['base']}: no freescale package (see benchmarks/ab.py)")
-    runs = []
+    times: dict[tuple[str, str], list[float]] = defaultdict(list)  # (point, build) -> ms
     for r in range(args.rounds):
         for point, keys in args.points.items():
             for build, tree in trees.items():
                 log = ctx.raw / f"{build}-{point.replace(' ', '-')}-r{r}.log"
                 ms = step_ms(tree, args.preset, [*args.common, *keys], log, args.timeout)
-                runs.append({"build": build, "point": point, "round": r, "step_ms": ms})
-                print(json.dumps(runs[-1]), flush=True)
+                times[point, build].append(ms)
+                run = {"build": build, "point": point, "round": r, "step_ms": ms}
+                print(json.dumps(run), flush=True)
     rows = []
     for point in args.points:
-        got = {b: [x["step_ms"] for x in runs if (x["build"], x["point"]) == (b, point)]
-               for b in trees}  # fmt: skip
-        base, new = statistics.median(got["base"]), statistics.median(got["new"])
-        rows.append({"case": point, "base_ms": base, "new_ms": new, "new_vs_base": new / base,
-                     "base_runs": got["base"], "new_runs": got["new"]})  # fmt: skip
+        base, new = times[point, "base"], times[point, "new"]
+        ratio = statistics.median(new) / statistics.median(base)
+        rows.append({"case": point, "base_ms": statistics.median(base),
+                     "new_ms": statistics.median(new), "new_vs_base": ratio,
+                     "base_runs": base, "new_runs": new})  # fmt: skip
     note = (
         f"base: the tree at `{args.base}`; new: this checkout. Medians over {args.rounds} round(s)."
     )

@@ -89,9 +89,9 @@ def test_the_trainer_stays_a_loop_and_models_hold_model_math_only():
     assert len((ROOT / "pipeline" / "train.py").read_text().splitlines()) <= 250
     collection = (ROOT / "embedding" / "collection.py").read_text()
     assert not [w for w in ("_prio", "mode ==", "mode !=") if w in collection]
+    graph_code = ("cuda.Stream", "CUDAGraph", "cuda.graph(", "stream(")
     for path in (ROOT / "models").glob("*.py"):
         text = path.read_text()
-        graph_code = ("cuda.Stream", "CUDAGraph", "cuda.graph(", "stream(")
         assert not [w for w in graph_code if w in text], path
     for path in (ROOT.parent / "benchmarks").glob("*.py"):
         tree = ast.parse(path.read_text())
