@@ -9,7 +9,7 @@ and returns the exit status (1 when a check fails). Scenarios with
 
 Checks (``[[checks]]`` in a scenario), each over the rows:
 
-- ``{kind = "max", metric = M, limit = X}``: every row's M <= X;
+- ``{kind = "max", metric = M, limit = X}``: every row's M <= X (``"min"``: >= X);
 - ``{kind = "below", metric = M, axis = A, reference = R, values = [...]}``:
   a row with A in values has a smaller M than the row with A = R that agrees
   on every other axis;
@@ -131,11 +131,12 @@ def check(spec: dict[str, Any], rows: list[dict]) -> list[dict[str, Any]]:
     """The checks ``spec`` makes over ``rows`` (one per row or pair of rows)."""
     kind, metric = spec["kind"], spec.get("metric", spec.get("field", ""))
     out = []
-    if kind == "max":
+    if kind in ("max", "min"):
+        sign = "<=" if kind == "max" else ">="
         for r in rows:
             v = _num(r, metric)
-            ok = v is not None and v <= spec["limit"]
-            out.append({"name": f"{metric} <= {spec['limit']}", "pass": ok,
+            ok = v is not None and (v <= spec["limit"] if kind == "max" else v >= spec["limit"])
+            out.append({"name": f"{metric} {sign} {spec['limit']}", "pass": ok,
                         "detail": f"{_point(r)}: {v}"})  # fmt: skip
     elif kind == "true":
         for r in rows:
