@@ -189,6 +189,10 @@ class DenseSection:
     # CUDA graphs of the dense blocks, one per padded shape: far fewer host
     # launches at small batches; close to (not bitwise equal to) eager numbers
     graphs: bool = False
+    # ...but only for runs of at most this many UIH tokens per step (batch_size x
+    # max_uih; 0: no limit): above it the GPU, not the host, sets the step time,
+    # and the padding to buckets costs more than the launches saved (eager runs)
+    graph_max_tokens: int = 131_072
     # inside those graphs, the candidate path on its own stream (2) or not (1):
     # same kernels, same numbers; 1 is the reference of an A/B
     graph_streams: int = 2
@@ -196,6 +200,8 @@ class DenseSection:
     def __post_init__(self) -> None:
         _choice("dense.amp", self.amp, ("none", "bf16"))
         _finite("dense", "lr", self.lr, 0, strict=True)
+        if self.graph_max_tokens < 0:
+            raise ValueError(f"dense.graph_max_tokens must be >= 0, got {self.graph_max_tokens}")
         if self.graph_streams not in (1, 2):
             raise ValueError(f"dense.graph_streams must be 1 or 2, got {self.graph_streams}")
 

@@ -80,6 +80,15 @@ class DenseSync:
         return fut.then(lambda f: f.value()[0])
 
 
+def graphs_skipped(section: DenseSection, step_tokens: int) -> str:
+    """Why ``dense.graphs=true`` runs eagerly for batches of ``step_tokens`` UIH
+    tokens ("" when it does not)."""
+    limit = section.graph_max_tokens
+    if section.graphs and limit and step_tokens > limit:
+        return f"eager: {step_tokens} tokens per batch > dense.graph_max_tokens {limit}"
+    return ""
+
+
 class DenseTraining:
     """Forward (autocast, DDP), backward's exposed all-reduce, the guarded step."""
 
@@ -91,11 +100,16 @@ class DenseTraining:
         guard: Any,
         device: torch.device,
         timer: SectionTimer,
+        step_tokens: int = 0,
     ) -> None:
+        """``step_tokens``: the most UIH tokens of a local batch (batch_size x max_uih)."""
         self.model, self.guard, self.device, self.timer = model, guard, device, timer
         world = dist.get_world_size()
         self.graphs: BlockGraphs | None = None
-        if section.graphs:  # before DDP: it wraps the model as it will run
+        self.graphs_skipped = graphs_skipped(section, step_tokens)
+        if (
+            section.graphs and not self.graphs_skipped
+        ):  # before DDP: it wraps the model as it will run
             # One rank: no DDP hook to feed, the graphs set `.grad` themselves.
             self.graphs = install_graphs(model, section.graph_streams == 2, world == 1)
         self.sync = DenseSync(model, timer.seq_mark)
@@ -106,6 +120,12 @@ class DenseTraining:
         self.autocast = torch.autocast(
             device.type, dtype=torch.bfloat16, enabled=section.amp == "bf16"
         )
+
+    def graph_summary(self) -> dict[str, Any]:
+        """The summary's word on ``dense.graphs``: nothing if not asked for."""
+        if self.graphs is not None:  # captures after warm-up cost step time
+            return {"dense_graphs": "on", "dense_graphs_captured": self.graphs.captures}
+        return {"dense_graphs": self.graphs_skipped} if self.graphs_skipped else {}
 
     def forward(self, batch: Any) -> Tensor:
         with self.autocast:

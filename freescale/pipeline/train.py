@@ -71,8 +71,9 @@ class Trainer:
         )
         self.embeddings, self.schedule = sparse.embeddings, sparse.schedule
         self.comm, self.overlap_comm = sparse.comm, sparse.overlap_comm
+        tokens = run.batch_size * cfg.data.max_uih
         self.dense = DenseTraining(
-            self.model, cfg.dense, cfg.faults, sparse.guard, device, self.timer
+            self.model, cfg.dense, cfg.faults, sparse.guard, device, self.timer, tokens
         )
         self.optimizer, self.default_loss = self.dense.optimizer, has_default_loss(self.model)
         self.balance = balance_stage(cfg.balance, run, sparse.overlap_comm, self.timer, device)
@@ -227,8 +228,7 @@ class Trainer:
         }
         if self.state.data_position:
             extra["resumed"] = resume_record(self.state.position, self.state.data_position)
-        if self.dense.graphs is not None:  # captures after warm-up cost step time
-            extra["dense_graphs_captured"] = self.dense.graphs.captures
+        extra.update(self.dense.graph_summary())
         if final:
             extra["eval"] = final
             if samples := final.get("data", {}).get("train_samples"):  # unknown when streamed

@@ -406,3 +406,40 @@ def test_side_stream_stack_equals_one_stream(amp):
             assert torch.equal(got[0], ref[0])
             for a, r in zip(got[1:], ref[1:], strict=True):
                 assert_reordered_close(a, r, **grad_tol, dtype=torch.bfloat16)
+
+
+def test_graphs_run_eagerly_above_the_token_limit():
+    from freescale.pipeline.dense import graphs_skipped
+
+    # h200 presets: 2k x 32 tokens per batch keep graphs, 8k x 32 and 2k x 128 run eagerly
+    section = build_config("h200-21k", ["dense.graphs=true"]).dense
+    assert graphs_skipped(section, 2_000 * 32) == ""
+    assert graphs_skipped(section, 8_000 * 32).startswith("eager: 256000 tokens per batch")
+    assert graphs_skipped(section, 2_000 * 128) != ""
+    unlimited = build_config("h200-21k", ["dense.graphs=true", "dense.graph_max_tokens=0"]).dense
+    assert graphs_skipped(unlimited, 21_000 * 128) == ""
+    assert graphs_skipped(build_config("h200-21k", []).dense, 21_000 * 128) == ""  # not asked
+    with pytest.raises(ValueError, match=r"dense\.graph_max_tokens must be >= 0"):
+        build_config("demo", ["dense.graph_max_tokens=-1"])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("limit", [0, 100])
+def test_graph_token_limit_picks_the_path_and_the_summary_says_which(limit):
+    import freescale
+
+    result = freescale.train(
+        run={"device": "cuda", "nproc": 1, "steps": 4, "warmup": 1, "batch_size": 8},
+        data={"max_uih": 48, "loader_workers": 0},
+        dense={"graphs": True, "graph_max_tokens": limit},
+        evaluation={"every": 0},
+        output={"progress": False},
+    )
+    assert result is not None and len(result.steps) == 4
+    if limit:  # 8 x 48 = 384 tokens > 100: eager, nothing captured
+        assert result.summary["dense_graphs"].startswith("eager: 384 tokens")
+        assert "dense_graphs_captured" not in result.summary
+    else:
+        assert result.summary["dense_graphs"] == "on"
+        assert result.summary["dense_graphs_captured"] >= 1
