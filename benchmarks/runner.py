@@ -12,7 +12,7 @@ Checks (``[[checks]]`` in a scenario), each over the rows:
 - ``{kind = "max", metric = M, limit = X}``: every row's M <= X (``"min"``: >= X);
 - ``{kind = "below", metric = M, axis = A, reference = R, values = [...]}``:
   a row with A in values has a smaller M than the row with A = R that agrees
-  on every other axis;
+  on every other axis (with ``factor = F``: M <= F x that row's M);
 - ``{kind = "baseline", metric = M, file = F, match = [...], tolerance = T}``:
   M <= the baseline row's M + T (F: a report's .jsonl, or a JSON with "rows");
 - ``{kind = "true", field = F}``: every row's F is true (rows where F is null are skipped).
@@ -149,8 +149,10 @@ def check(spec: dict[str, Any], rows: list[dict]) -> list[dict[str, Any]]:
             base = [b for b in rows if b.get(axis) == ref
                     and all(b.get("point", {}).get(k) == v for k, v in others.items())]  # fmt: skip
             a, b = _num(r, metric), _num(base[0], metric) if base else None
-            ok = a is not None and b is not None and a < b
-            out.append({"name": f"{metric}: {r[axis]} < {ref}", "pass": ok,
+            factor = spec.get("factor")
+            ok = a is not None and b is not None and (a <= factor * b if factor else a < b)
+            sign = f"<= {factor} x" if factor else "<"
+            out.append({"name": f"{metric}: {r[axis]} {sign} {ref}", "pass": ok,
                         "detail": f"{_point(r)}: {a} vs {b}"})  # fmt: skip
     elif kind == "baseline":
         match, tol = spec["match"], spec.get("tolerance", 0.0)
