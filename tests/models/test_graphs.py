@@ -429,13 +429,10 @@ def test_graphs_run_eagerly_above_the_token_limit():
 def test_graph_token_limit_picks_the_path_and_the_summary_says_which(limit):
     import freescale
 
-    result = freescale.train(
-        run={"device": "cuda", "nproc": 1, "steps": 4, "warmup": 1, "batch_size": 8},
-        data={"max_uih": 48, "loader_workers": 0},
-        dense={"graphs": True, "graph_max_tokens": limit},
-        evaluation={"every": 0},
-        output={"progress": False},
-    )
+    sets = ["run.device=cuda", "run.nproc=1", "run.steps=4", "run.warmup=1", "run.batch_size=8",
+            "data.max_uih=48", "data.loader_workers=0", "evaluation.every=0",
+            "output.progress=false", "dense.graphs=true", f"dense.graph_max_tokens={limit}"]  # fmt: skip
+    result = freescale.train(config=build_config("demo", sets))
     assert result is not None and len(result.steps) == 4
     if limit:  # 8 x 48 = 384 tokens > 100: eager, nothing captured
         assert result.summary["dense_graphs"].startswith("eager: 384 tokens")
