@@ -431,7 +431,8 @@ def test_graph_token_limit_picks_the_path_and_the_summary_says_which(limit):
 
     sets = ["run.device=cuda", "run.nproc=1", "run.steps=4", "run.warmup=1", "run.batch_size=8",
             "data.max_uih=48", "data.loader_workers=0", "evaluation.every=0",
-            "output.progress=false", "dense.graphs=true", f"dense.graph_max_tokens={limit}"]  # fmt: skip
+            "output.progress=false", "dense.graphs=true",
+            f"dense.graph_max_tokens={limit}"]  # fmt: skip
     result = freescale.train(config=build_config("demo", sets))
     assert result is not None and len(result.steps) == 4
     if limit:  # 8 x 48 = 384 tokens > 100: eager, nothing captured
