@@ -226,7 +226,8 @@ class Trainer:
             "nonfinite_skipped": self.dense.nonfinite.skipped,
         }
         if self.state.data_position:
-            extra["resumed"] = resume_record(self.state.position, self.state.data_position)
+            position, how = self.state.position, self.state.data_position
+            extra["resumed"] = resume_record(position, how, self.world)
         if self.dense.graphs is not None:  # captures after warm-up cost step time
             extra["dense_graphs_captured"] = self.dense.graphs.captures
         if final:
