@@ -27,7 +27,8 @@ share is cut into windows of consecutive pieces of at least
 rank, window). Memory per rank is one window (plus its last row group),
 whatever the size of the data. Each rank's stream runs on through its own
 epochs: rank ``r``'s batch of global step ``s`` is samples ``[s*B, (s+1)*B)``
-of its stream, a pure function of (seed, W, r, B, s).
+of its stream, a pure function of (seed, W, r, B, s). (A run resumed at
+another world size: a function of its segments too, below.)
 
 Samples of a row: the training targets of `sequences.training_targets` (the
 same ``samples_per_user`` / ``target_stride`` / ``max_uih`` rules as the
@@ -38,13 +39,15 @@ negatives drawn with (seed, epoch, sample id). A sample's id is stable:
 Resume: at the world size of the checkpoint, step ``n`` reads exactly what
 the uninterrupted run read (the stream is a function of the step; reaching
 step ``n`` reads the ``items`` column of the row groups before it to count
-their samples). At another world size W', the rest of the current epochs is
-redealt (`freescale.data.stream_resume`): each old rank's unread samples up
-to the latest epoch any rank has begun go, window by window, round-robin to
-the W' new ranks, which then go on with fresh epochs dealt over W'. Within
-an epoch no sample is lost or read twice, over any chain of resumes (the
-checkpoint records the run's world sizes by step). Finding where every old
-rank stood counts the samples of every row group up to there.
+their samples). At another world size W' the run's epochs go on where they
+stood (`freescale.data.stream_resume`): each old rank's unread samples, up
+to the latest epoch any rank has begun, are dealt window by window (a
+partly read one from where it stopped) round-robin to the W' new ranks,
+which then read fresh epochs dealt over W'. Over the whole run and any
+chain of resumes (the checkpoint records the world sizes by step), the
+samples read in an epoch hold no repeat, and an epoch every rank has passed
+was read whole. Finding where each old rank stood counts the samples of
+the row groups every old rank read (their ``items`` column).
 No held-out evaluation: ``evaluation.every`` is skipped with a note.
 
 Cost: piece sample counts are cached (a few integers per row group); with

@@ -32,7 +32,8 @@ states of saved rank ``r``, or of saved rank 0 where ``r >= W`` (every rank
 is seeded alike and training draws from no global generator, so they are
 equal unless a model draws rank-dependently). The data position: the run
 continues at step ``n``, a source that can continues at the sample it
-stopped at (`freescale.pipeline.position`).
+stopped at, one stream per rank (``parquet-stream``) redeals the rest of
+its epochs to the new ranks (`freescale.pipeline.position`).
 
 Atomicity: everything is written into ``step-<n>.partial``; after a barrier
 (every rank's files are on disk, fsynced) rank 0 renames it to ``step-<n>``

@@ -66,21 +66,25 @@ def _ids(logs) -> set[int]:
     return {f << 48 | r << 16 | k for f, r, k in logs[1]}
 
 
+SMALL = {"shuffle_buffer": 6}  # windows of about 2 row groups
+
+
 @pytest.mark.parametrize(
-    ("world", "resumes", "buffer"),
+    ("world", "resumes", "options"),
     [
-        (2, [(10, 3)], 6),
-        (3, [(7, 2)], 6),
-        (2, [(25, 1)], 6),
-        (1, [(9, 4)], 6),
-        (2, [(10, 3), (13, 1)], 6),  # the second resume while units are carried
-        (2, [(10, 5)], 6),  # 24 row groups over 5 ranks: shares of unequal size
-        (3, [(6, 2)], 1000),  # a window larger than a share: one per rank and epoch
-        (2, [(0, 3)], 6),  # at step 0: a fresh 3-rank run
+        (2, [(10, 3)], SMALL),
+        (3, [(7, 2)], SMALL),
+        (2, [(25, 1)], SMALL),
+        (1, [(9, 4)], SMALL),
+        (2, [(10, 3), (13, 1)], SMALL),  # the second resume while units are carried
+        (2, [(10, 5)], SMALL),  # 24 row groups over 5 ranks: shares of unequal size
+        (3, [(6, 2)], {"shuffle_buffer": 1000}),  # a window larger than a share
+        (2, [(0, 3)], SMALL),  # at step 0: a fresh 3-rank run
+        (3, [(8, 2)], {**SMALL, "shuffle": False}),
     ],
 )
-def test_another_world_size_loses_and_repeats_no_sample_of_an_epoch(logs, world, resumes, buffer):
-    source = _source(logs[0], shuffle_buffer=buffer)
+def test_another_world_size_loses_and_repeats_no_sample_of_an_epoch(logs, world, resumes, options):
+    source = _source(logs[0], **options)
     segments = _segments(*resumes, world=world)
     resumed = source.with_segments(segments)
     steps = resumes[-1][0] + 60  # past the next epoch end at any world size
