@@ -27,7 +27,8 @@ share is cut into windows of consecutive pieces of at least
 rank, window). Memory per rank is one window (plus its last row group),
 whatever the size of the data. Each rank's stream runs on through its own
 epochs: rank ``r``'s batch of global step ``s`` is samples ``[s*B, (s+1)*B)``
-of its stream, a pure function of (seed, W, r, B, s).
+of its stream, a pure function of (seed, W, r, B, s). (A run resumed at
+another world size: a function of its segments too, below.)
 
 Samples of a row: the training targets of `sequences.training_targets` (the
 same ``samples_per_user`` / ``target_stride`` / ``max_uih`` rules as the
@@ -38,7 +39,15 @@ negatives drawn with (seed, epoch, sample id). A sample's id is stable:
 Resume: at the world size of the checkpoint, step ``n`` reads exactly what
 the uninterrupted run read (the stream is a function of the step; reaching
 step ``n`` reads the ``items`` column of the row groups before it to count
-their samples). At another world size: not yet supported, a one-line error.
+their samples). At another world size W' the run's epochs go on where they
+stood (`freescale.data.stream_resume`): each old rank's unread samples, up
+to the latest epoch any rank has begun, are dealt window by window (a
+partly read one from where it stopped) round-robin to the W' new ranks,
+which then read fresh epochs dealt over W'. Over the whole run and any
+chain of resumes (the checkpoint records the world sizes by step), the
+samples read in an epoch hold no repeat, and an epoch every rank has passed
+was read whole. Finding where each old rank stood counts the samples of
+the row groups every old rank read (their ``items`` column).
 No held-out evaluation: ``evaluation.every`` is skipped with a note.
 
 Cost: piece sample counts are cached (a few integers per row group); with
@@ -59,7 +68,7 @@ import torch
 from freescale.data.columnar import MAX_ACTIONS, _as_ints, _history, _pyarrow, parse_features
 from freescale.data.readers import DataFormatError, UserHistory
 from freescale.data.sequences import SequenceSampling, training_sample, training_targets
-from freescale.data.stream import SampleStream
+from freescale.data.stream_resume import SegmentedStream
 from freescale.data.synthetic import samples_to_batch
 from freescale.jagged.batch import SampleBatch
 from freescale.jagged.schema import DataSchema, Feature
@@ -180,7 +189,7 @@ def _metadata_int(files: Files, key: str, given: int | None) -> int | None:
     return int(text)
 
 
-class ParquetStreamSource(SampleStream):
+class ParquetStreamSource(SegmentedStream):
     """A `DataSource` that streams row groups of Parquet files (module docstring)."""
 
     no_evaluation = "parquet-stream has no held-out split yet: evaluation skipped"
@@ -214,41 +223,36 @@ class ParquetStreamSource(SampleStream):
         self.rows = {name: rows for name, _, rows in wanted}
         self.schema = DataSchema.standard(self.num_items, self.num_actions, self.features)
         self._counts: dict[int, int] = {}  # piece -> training samples (cached, small)
-        self._cursor: dict[tuple[int, int], tuple[int, int, int]] = {}  # (epoch, window, first)
-        # per stream (rank, world size): the window in memory (its key, its samples
-        # in stream order, their shuffled order) and the windows of one epoch
-        self._window: dict[tuple[int, int], tuple[tuple, list, np.ndarray]] = {}
-        self._windows: dict[tuple[int, int], tuple[int, list[np.ndarray]]] = {}
+        # per stream (`rank_stream`'s key): where it was last read, the window in
+        # memory (its key, its samples in stream order, their shuffled order)
+        self._cursor: dict[tuple, tuple] = {}
+        self._window: dict[tuple, tuple[tuple, list, np.ndarray]] = {}
+        self._plans: dict[tuple, list] = {}  # the rank streams of each resumed run
+        self._windows: dict[tuple[int, int], tuple[int, list[np.ndarray]]] = {}  # one epoch's
 
     # ---- the DataSource protocol -------------------------------------------
     def num_steps(self, world_size: int, batch_size: int) -> int | None:
         return None  # epochs repeat: any number of steps
 
     def check_world(self, world_size: int, batch_size: int) -> None:
-        """Fail at start if ``world_size`` ranks cannot each read a share, or the
-        run resumes at a world size other than its checkpoint's."""
+        """Fail at start if ``world_size`` ranks (or those of an earlier segment
+        of a resumed run) cannot each read a share."""
         pieces = self.files.piece_rows.size
-        if pieces < world_size:
-            raise ValueError(
-                f"{self.spec}: {pieces} row groups for {world_size} ranks; every rank needs "
-                "one (write smaller row groups or more files)"
-            )
-        step0, position0 = self.origin
-        if position0 != step0 * world_size * batch_size:
-            raise ValueError(
-                f"{self.spec}: the checkpoint was written at another world size ({position0} "
-                f"samples before step {step0}); parquet-stream resumes only at the world size "
-                "the checkpoint was written at"
-            )
+        for world in {world_size, *(w for _, w in self.segments or ())}:
+            if pieces < world:
+                raise ValueError(
+                    f"{self.spec}: {pieces} row groups for {world} ranks; every rank needs "
+                    "one (write smaller row groups or more files)"
+                )
 
     def batch(self, step: int, rank: int, world_size: int, batch_size: int) -> SampleBatch:
         if step < 0 or not 0 <= rank < world_size or batch_size < 0:
             raise ValueError(f"bad batch request: step {step} rank {rank}/{world_size}")
         self.check_world(world_size, batch_size)
-        first = step * batch_size
+        key, stream, first = self.rank_stream(step, rank, world_size, batch_size)
         ids, samples = [], []
         for q in range(first, first + batch_size):
-            sid, sample = self.sample(q, rank, world_size)
+            sid, sample = self.sample(q, key, stream)
             ids.append(sid)
             samples.append(sample)
         return samples_to_batch(samples, torch.tensor(ids, dtype=torch.int64), 0, self.features)
@@ -280,46 +284,26 @@ class ParquetStreamSource(SampleStream):
         self._windows[(rank, world_size)] = (epoch, out)
         return out
 
-    def sample(self, q: int, rank: int, world_size: int) -> tuple[int, Any]:
-        """(id, `RawSample`) at position ``q`` of ``rank``'s stream."""
-        epoch, w, first = self._locate(q, rank, world_size)
-        key = (epoch, rank, world_size, w)
-        held = self._window.get((rank, world_size))
-        if held is None or held[0] != key:
-            items = self._load_window(*key)
+    def window_samples(self, epoch: int, rank: int, world_size: int, w: int) -> int:
+        """Training samples of window ``w`` (their count only: the ``items`` column)."""
+        return sum(self._count(p) for p in self.windows(epoch, rank, world_size)[w].tolist())
+
+    def sample(self, q: int, key: tuple, stream: Any) -> tuple[int, Any]:
+        """(id, `RawSample`) at position ``q`` of a rank's stream (`rank_stream`)."""
+        (epoch, world_size, rank, w, start), first = self.locate(q, key, stream)
+        window = (epoch, rank, world_size, w)
+        held = self._window.get(key)
+        if held is None or held[0] != window:
+            items = self._load_window(*window)
             order = np.arange(len(items))
             if self.sampling.shuffle:
                 rng = np.random.default_rng([self.sampling.seed, 0x5B0F, epoch, rank, w])
                 order = rng.permutation(len(items))
-            held = self._window[(rank, world_size)] = (key, items, order)
+            held = self._window[key] = (window, items, order)
         _, items, order = held
-        sid, history, t = items[int(order[q - first])]
+        sid, history, t = items[int(order[start + q - first])]
         rng = np.random.default_rng([self.sampling.seed, 0x57E, epoch, sid])
         return sid, training_sample(history, t, self.sampling, self.num_items, rng, {})
-
-    def _locate(self, q: int, rank: int, world_size: int) -> tuple[int, int, int]:
-        """(epoch, window, its first stream position) holding position ``q``."""
-        epoch, w, first = self._cursor.get((rank, world_size), (0, 0, 0))
-        if q < first:
-            epoch, w, first = 0, 0, 0
-        windows = self.windows(epoch, rank, world_size)
-        empty_epochs = 0
-        while True:
-            if w == len(windows):
-                epoch, w = epoch + 1, 0
-                windows = self.windows(epoch, rank, world_size)
-                empty_epochs += 1
-                if empty_epochs > 1:
-                    raise ValueError(
-                        f"{self.spec}: rank {rank}/{world_size}'s share holds no training "
-                        "sample (histories too short for a target)"
-                    )
-            count = sum(self._count(p) for p in windows[w].tolist())
-            if count and q < first + count:
-                self._cursor[(rank, world_size)] = (epoch, w, first)
-                return epoch, w, first
-            empty_epochs = 0 if count else empty_epochs
-            first, w = first + count, w + 1
 
     # ---- reading -------------------------------------------------------------
     def _read(self, piece: int, columns: list[str]) -> Any:

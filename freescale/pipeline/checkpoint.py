@@ -11,9 +11,10 @@ A checkpoint taken after step ``n - 1`` is a directory ``step-<n>`` holding
 - ``rank<r>.pt``: that rank's RNG states (python, numpy, torch, CUDA) as
   tensors (`freescale.pipeline.rng`);
 - ``manifest.json`` (rank 0, last): the format, the next step, the world
-  size, the samples consumed before the next step, the config, and
-  ``[bytes, sha256]`` of every other file; a directory with a manifest is
-  complete.
+  size, the samples consumed before the next step, the run's segments
+  (``[[first step, world size], ...]``; optional, older manifests have one),
+  the config, and ``[bytes, sha256]`` of every other file; a directory with
+  a manifest is complete.
 
 Nothing in it runs code on load and nothing damaged is used
 (`freescale.pipeline.checkpoint_files`): ``.pt`` files load with
@@ -31,7 +32,8 @@ states of saved rank ``r``, or of saved rank 0 where ``r >= W`` (every rank
 is seeded alike and training draws from no global generator, so they are
 equal unless a model draws rank-dependently). The data position: the run
 continues at step ``n``, a source that can continues at the sample it
-stopped at (`freescale.pipeline.position`).
+stopped at, one stream per rank (``parquet-stream``) redeals the rest of
+its epochs to the new ranks (`freescale.pipeline.position`).
 
 Atomicity: everything is written into ``step-<n>.partial``; after a barrier
 (every rank's files are on disk, fsynced) rank 0 renames it to ``step-<n>``
@@ -67,7 +69,7 @@ from freescale.pipeline.checkpoint_files import (
     share,
     write_plain,
 )
-from freescale.pipeline.position import DataPosition
+from freescale.pipeline.position import DataPosition, Segments
 from freescale.pipeline.rank_text import all_gather_text, broadcast_text, first_problem
 from freescale.pipeline.rng import rng_state, set_rng_state
 
@@ -186,7 +188,12 @@ class Checkpointer:
             dist.barrier(group=self.group)
 
     def save(
-        self, next_step: int, tables: nn.Module, replicated: dict[str, Any], samples_seen: int
+        self,
+        next_step: int,
+        tables: nn.Module,
+        replicated: dict[str, Any],
+        samples_seen: int,
+        segments: Segments = (),
     ) -> Path:
         """Write the checkpoint of a run that continues at ``next_step``.
 
@@ -194,6 +201,8 @@ class Checkpointer:
         `TableEntries`). ``replicated``: objects with ``state_dict()`` that are
         equal on every rank (dense model, optimizer, balancer); rank 0 writes
         them. ``samples_seen``: samples consumed before ``next_step``, all ranks.
+        ``segments``: the run's world sizes by step (`freescale.pipeline.position`;
+        ``()``: this world size throughout).
         """
         assert self.directory is not None, "save needs a checkpoint directory"
         final = self.directory / f"{PREFIX}{next_step:08d}"
@@ -214,6 +223,7 @@ class Checkpointer:
                 "step": next_step,
                 "world_size": self.world,
                 "samples_seen": samples_seen,
+                "segments": [list(s) for s in segments or ((0, self.world),)],
                 "config": self.config,
                 "files": files,
             }
@@ -287,4 +297,6 @@ class Checkpointer:
             if key in trainer:
                 obj.load_state_dict(trainer[key])
         set_rng_state(rng)
-        return DataPosition(manifest["step"], manifest["samples_seen"], manifest["world_size"])
+        world = manifest["world_size"]
+        segments = tuple(tuple(s) for s in manifest.get("segments", [[0, world]]))
+        return DataPosition(manifest["step"], manifest["samples_seen"], world, segments)

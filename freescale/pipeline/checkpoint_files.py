@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import itertools
 import os
 import pickle
 import re
@@ -102,14 +103,34 @@ def check_manifest(manifest: Any, where: Path) -> None:
         and isinstance(world, int)
         and min(step, seen) >= 0
         and world >= 1
+        and _segments_ok(manifest.get("segments", [[0, world]]), step, world)
         and isinstance(manifest.get("config"), dict)
         and isinstance(files, dict)
         and all(_entry_ok(k, v) for k, v in files.items())
     )
     if not good:
         raise ValueError(
-            f"checkpoint file {where} is malformed (step, world_size, samples_seen, config, files)"
+            f"checkpoint file {where} is malformed (step, world_size, samples_seen, segments, "
+            "config, files)"
         )
+
+
+def _segments_ok(segments: Any, step: int, world: int) -> bool:
+    """[[0, W0], [n1, W1], ...]: steps rising from 0 to at most ``step``, the
+    last world size the checkpoint's (`freescale.pipeline.position`)."""
+    if not (isinstance(segments, list) and segments):
+        return False
+    if not all(isinstance(s, list) and len(s) == 2 and all(type(x) is int for x in s)
+               for s in segments):  # fmt: skip
+        return False
+    steps = [n for n, _ in segments]
+    return (
+        steps[0] == 0
+        and all(a < b for a, b in itertools.pairwise(steps))
+        and steps[-1] <= step
+        and min(w for _, w in segments) >= 1
+        and segments[-1][1] == world
+    )
 
 
 def _entry_ok(name: Any, entry: Any) -> bool:

@@ -16,7 +16,7 @@ import torch
 
 from freescale.data.source import BUILTIN_KINDS, STREAMS
 from freescale.models.contract import load_object
-from freescale.pipeline.checkpoint import check_resumable, read_manifest
+from freescale.pipeline.checkpoint import check_resumable
 from freescale.pipeline.config import TrainConfig
 from freescale.pipeline.faults import parse_ranks
 from freescale.pipeline.graphs import check_attention
@@ -65,14 +65,7 @@ def check_launch(cfg: TrainConfig, model_given: bool = False) -> None:
         # rank). Under torchrun each process is a rank: they check the files
         # together, sharing the hashing, in `Checkpointer.load`.
         torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
-        found = check_resumable(cfg.checkpoint.resume, cfg.as_dict(), verify=not torchrun)
-        if kind in STREAMS:  # its position is per rank stream: the same world size only
-            manifest = read_manifest(found)
-            if manifest["samples_seen"] != manifest["step"] * world * run.batch_size:
-                raise ValueError(
-                    f"resume: {found} was written at world size {manifest['world_size']}; "
-                    f"{kind} data resumes only at the world size it was written at, not {world}"
-                )
+        check_resumable(cfg.checkpoint.resume, cfg.as_dict(), verify=not torchrun)
 
 
 def _writable_dir(key: str, directory: Path) -> None:

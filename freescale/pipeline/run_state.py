@@ -65,7 +65,7 @@ class RunState:
         # The files are checked by every rank together in `Checkpointer.load`.
         path = check_resumable(self.section.resume, self.config, verify=False)
         self.position = self.checkpoints.load(path, self.tables, self.replicated)
-        source, self.data_position = resumed_source(source, self.position)
+        source, self.data_position = resumed_source(source, self.position, self.world)
         check_world = getattr(source, "check_world", None)  # a source that cannot continue
         if check_world is not None:  # there says so here, before any step
             check_world(self.world, self.batch_size)
@@ -84,5 +84,9 @@ class RunState:
             return
         self.flush()
         self.checkpoints.save(
-            next_step, self.tables, self.replicated, self.samples_before(next_step)
+            next_step,
+            self.tables,
+            self.replicated,
+            self.samples_before(next_step),
+            self.position.continued(self.world),
         )

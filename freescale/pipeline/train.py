@@ -71,10 +71,10 @@ class Trainer:
         )
         self.embeddings, self.schedule = sparse.embeddings, sparse.schedule
         self.comm, self.overlap_comm = sparse.comm, sparse.overlap_comm
-        tokens = run.batch_size * cfg.data.max_uih
         self.dense = DenseTraining(
-            self.model, cfg.dense, cfg.faults, sparse.guard, device, self.timer, tokens
-        )
+            self.model, cfg.dense, cfg.faults, sparse.guard, device, self.timer,
+            run.batch_size * cfg.data.max_uih,  # the most UIH tokens of a batch
+        )  # fmt: skip
         self.optimizer, self.default_loss = self.dense.optimizer, has_default_loss(self.model)
         self.balance = balance_stage(cfg.balance, run, sparse.overlap_comm, self.timer, device)
         # Metrics travel over gloo: gathering them never waits for the GPU.
@@ -227,7 +227,8 @@ class Trainer:
             "nonfinite_skipped": self.dense.nonfinite.skipped,
         }
         if self.state.data_position:
-            extra["resumed"] = resume_record(self.state.position, self.state.data_position)
+            position, how = self.state.position, self.state.data_position
+            extra["resumed"] = resume_record(position, how, self.world)
         extra.update(self.dense.graph_summary())
         if final:
             extra["eval"] = final

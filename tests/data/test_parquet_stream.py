@@ -1,5 +1,6 @@
 """``parquet-stream``: disjoint shares per rank, a shuffled stream that is a pure
-function of the step (exact resume), one-line errors naming file, row group, column."""
+function of the step (exact resume), one-line errors naming file, row group, column.
+Resume at another world size: tests/data/test_stream_resume.py."""
 
 import subprocess
 import sys
@@ -100,7 +101,7 @@ def test_the_stream_is_a_function_of_the_step(tmp_path):
     write_logs(tmp_path)
     first = _source(tmp_path, shuffle_buffer=6)
     want = {s: first.batch(s, 1, 2, B) for s in range(30)}  # several epochs
-    again = _source(tmp_path, shuffle_buffer=6).starting_at(17, 17 * 2 * B)
+    again = _source(tmp_path, shuffle_buffer=6).with_segments([(0, 2)])  # resumed at 2 ranks
     for s in [25, 17, 29, 18, 2]:
         got = again.batch(s, 1, 2, B)
         assert got.sample_id.tolist() == want[s].sample_id.tolist()
@@ -119,15 +120,12 @@ def test_epochs_reshuffle_and_shuffle_false_keeps_file_order(tmp_path):
     assert ids == sorted(ids)
 
 
-def test_another_world_size_or_too_few_row_groups_is_one_line(tmp_path):
+def test_too_few_row_groups_is_one_line(tmp_path):
     write_logs(tmp_path, files=1, users=8, row_group=4)
     source = _source(tmp_path)
     with pytest.raises(ValueError, match="2 row groups for 3 ranks"):
         source.check_world(3, B)
-    resumed = source.starting_at(4, 4 * 2 * B)
-    resumed.check_world(2, B)
-    with pytest.raises(ValueError, match="resumes only at the world size"):
-        resumed.check_world(1, B)
+    source.with_segments([(0, 2), (4, 1)]).check_world(1, B)  # resumed at another world size
 
 
 def test_ids_features_and_metadata(tmp_path):

@@ -1,6 +1,10 @@
 """Training on ``parquet-stream`` data with 2 gloo ranks: a run stopped and resumed
 at the same world size trains on exactly the uninterrupted run's samples, with
-bit-identical losses; another world size is refused at start."""
+bit-identical losses; resumed at 1 rank it trains on the rest of the epoch,
+no sample read twice, and its checkpoint records both world sizes."""
+
+import json
+import math
 
 import pytest
 import torch
@@ -25,8 +29,12 @@ def _samples(trainer: Trainer, steps: range) -> list[tuple[int, int, int]]:
     return [split_sample_id(i) for step in ids for i in step]
 
 
+def _data_keys(data: str) -> list[str]:
+    return [f"data=parquet-stream:{data}", "data.shuffle_buffer=60", "evaluation.every=5"]
+
+
 def _resume_rank(data: str, ckdir: str) -> dict:
-    data_keys = [f"data=parquet-stream:{data}", "data.shuffle_buffer=60", "evaluation.every=5"]
+    data_keys = _data_keys(data)
     every = ["checkpoint.every=5", f"checkpoint.dir={ckdir}"]
     full = Trainer(build_config("demo", [*COMMON, *data_keys, *every]))
     full.run()
@@ -43,9 +51,17 @@ def _resume_rank(data: str, ckdir: str) -> dict:
     }
 
 
-def test_resume_at_the_same_world_size_is_exact(tmp_path):
-    write_logs(tmp_path / "data", files=3, users=200, row_group=25)
-    per_rank = run_ranks(_resume_rank, 2, str(tmp_path / "data"), str(tmp_path / "ck"), timeout=240)
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """(data, checkpoints, per rank: 10 steps, and steps 5-9 resumed at 2 ranks)."""
+    tmp = tmp_path_factory.mktemp("stream")
+    write_logs(tmp / "data", files=3, users=200, row_group=25)
+    per_rank = run_ranks(_resume_rank, 2, str(tmp / "data"), str(tmp / "ck"), timeout=240)
+    return tmp / "data", tmp / "ck", per_rank
+
+
+def test_resume_at_the_same_world_size_is_exact(two_ranks):
+    per_rank = two_ranks[2]
     for out in per_rank:
         full = dict(out["full"])
         assert [s for s, _ in out["resumed"]] == list(range(5, 10))
@@ -55,6 +71,44 @@ def test_resume_at_the_same_world_size_is_exact(tmp_path):
     ids = [i for out in per_rank for i in out["first_ids"] + out["full_ids"]]
     assert len(set(ids)) == len(ids)  # 10 steps x 2 ranks: less than an epoch, no repeat
     assert len({f for f, _, _ in ids}) > 1  # the shares mix the files
+
+
+def _one_rank(data: str, resume: str, ckdir: str) -> dict:
+    keys = [f"checkpoint.resume={resume}", f"checkpoint.dir={ckdir}", "checkpoint.every=5"]
+    trainer = Trainer(build_config("demo", [*COMMON, *_data_keys(data), *keys]))
+    summary = trainer.run()
+    source = trainer.train_source
+    return {
+        "summary": summary,
+        "losses": [(s["step"], s["loss"]) for s in trainer.summary.steps],
+        "ids": _samples(trainer, range(5, 10)),
+        "epochs": [e for s in range(5, 10) for e in source.batch_epochs(s, 0, 1, B)],
+    }
+
+
+@pytest.mark.slow
+def test_resume_at_another_world_size_reads_the_rest_of_the_epoch(two_ranks):
+    """2 ranks -> 1 at step 5: the one rank trains on, no sample of the epoch
+    read twice; its summary and its own checkpoint say how the run went.
+    (Fast twin, without ranks: test_stream_resume.py::test_the_source_a_resumed_run_gets.)"""
+    data, ckdir, per_rank = two_ranks
+    (out,) = run_ranks(
+        _one_rank, 1, str(data), str(ckdir / f"{PREFIX}00000005"), str(ckdir / "at1"), timeout=240
+    )
+    summary = out["summary"]
+    assert summary["first_step"] == 5 and summary["world_size"] == 1
+    assert [s for s, _ in out["losses"]] == list(range(5, 10))
+    assert all(math.isfinite(loss) for _, loss in out["losses"])
+    assert summary["resumed"] == {
+        "step": 5, "from_world_size": 2, "samples_seen": 5 * 2 * B,
+        "data_position": "redealt", "segments": [[0, 2], [5, 1]],
+    }  # fmt: skip
+    before = [i for r in per_rank for i in r["first_ids"]]
+    assert out["epochs"] == [0] * (5 * B)  # all in epoch 0, as the 2-rank steps were
+    assert len(set(before + out["ids"])) == len(before) + len(out["ids"])
+    manifest = json.loads((ckdir / "at1" / f"{PREFIX}00000010" / "manifest.json").read_text())
+    assert manifest["segments"] == [[0, 2], [5, 1]]
+    assert (manifest["world_size"], manifest["samples_seen"]) == (1, 5 * 2 * B + 5 * B)
 
 
 def _bad_rank(data: str) -> str:
