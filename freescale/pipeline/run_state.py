@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from freescale.pipeline.checkpoint import Checkpointer, check_resumable
 from freescale.pipeline.config import CheckpointSection
-from freescale.pipeline.position import DataPosition, resumed_source
+from freescale.pipeline.position import DataPosition, resume_record, resumed_source
 
 
 class DenseState:
@@ -70,6 +70,10 @@ class RunState:
         if check_world is not None:  # there says so here, before any step
             check_world(self.world, self.batch_size)
         return self.position.step, source
+
+    def resumed(self) -> dict[str, Any]:
+        """The summary's ``"resumed"`` entry (`position.resume_record`)."""
+        return resume_record(self.position, self.data_position, self.world)
 
     def samples_before(self, step: int) -> int:
         """Samples (all ranks) consumed before ``step``, resumed runs included."""

@@ -32,7 +32,6 @@ from freescale.pipeline.faults import Faults
 from freescale.pipeline.inputs import InputAgreement, Limits, find_problem
 from freescale.pipeline.liveness import Liveness, gloo_group
 from freescale.pipeline.loader import BatchInfo, Prefetcher, default_workers
-from freescale.pipeline.position import resume_record
 from freescale.pipeline.profiling import make_profiler
 from freescale.pipeline.recorder import StepMetrics, StepRecord, read_later
 from freescale.pipeline.run_state import DenseState, RunState
@@ -227,8 +226,7 @@ class Trainer:
             "nonfinite_skipped": self.dense.nonfinite.skipped,
         }
         if self.state.data_position:
-            position, how = self.state.position, self.state.data_position
-            extra["resumed"] = resume_record(position, how, self.world)
+            extra["resumed"] = self.state.resumed()
         extra.update(self.dense.graph_summary())
         if final:
             extra["eval"] = final
