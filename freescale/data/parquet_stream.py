@@ -64,7 +64,7 @@ from freescale.data.synthetic import samples_to_batch
 from freescale.jagged.batch import SampleBatch
 from freescale.jagged.schema import DataSchema, Feature
 
-OPTIONS = ("features", "shuffle_buffer", "num_actions")
+OPTIONS = ("features", "shuffle_buffer", "num_actions", "check")
 DEFAULT_SHUFFLE_BUFFER = 10_000  # rows per shuffle window
 OPTIONAL = ("actions", "timestamps")
 ID_BITS = (15, 32, 16)  # sample id: file, row in file, target number
@@ -193,7 +193,9 @@ class ParquetStreamSource(SampleStream):
         features: Any = None,
         shuffle_buffer: int | str = DEFAULT_SHUFFLE_BUFFER,
         num_actions: int | str | None = None,
+        check: bool | str = True,
     ) -> None:
+        self.check = _switch("data.check", check)
         self.sampling = sampling or SequenceSampling()
         wanted = parse_features(features)
         for name, level, rows in wanted:
@@ -240,6 +242,13 @@ class ParquetStreamSource(SampleStream):
                 f"samples before step {step0}); parquet-stream resumes only at the world size "
                 "the checkpoint was written at"
             )
+
+    def check_rows(self, rank: int, world_size: int) -> Any:
+        """This rank's share of the check of every row before step 0, one yield per
+        round (`freescale.data.stream_check`); nothing with ``data.check=off``."""
+        from freescale.data.stream_check import check_rounds
+
+        return check_rounds(self, rank, world_size) if self.check else iter(())
 
     def batch(self, step: int, rank: int, world_size: int, batch_size: int) -> SampleBatch:
         if step < 0 or not 0 <= rank < world_size or batch_size < 0:
@@ -390,6 +399,13 @@ class ParquetStreamSource(SampleStream):
                     where,
                     f"{column} value {int(values.max())} is outside 0..{limit - 1} ({setting})",
                 )
+
+
+def _switch(name: str, value: bool | str) -> bool:
+    text = str(value).lower()
+    if text not in ("true", "false", "on", "off"):
+        raise ValueError(f"{name} must be on or off, got {value!r}")
+    return text in ("true", "on")
 
 
 def _positive(name: str, value: int | str) -> int:
