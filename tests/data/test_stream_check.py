@@ -202,6 +202,22 @@ def test_an_unreadable_file_and_check_off(tmp_path):
     assert line.startswith(f"{tmp_path / 'a.parquet'}: row group 0: ") and "\n" not in line
 
 
+def test_with_the_check_off_the_step_raises_the_same_line(tmp_path):
+    """Rank 1 of 2 reads pieces 1, 3, 5 (shuffle off, a window each): the batch of the
+    step that reaches the bad row of piece 5 raises the check's line, not before."""
+    rows = [[1, 2, 3, 4]] * 12
+    rows[10] = [1, 2, 3, 70]
+    table = pa.table({"items": rows}).replace_schema_metadata({"freescale.num_items": "50"})
+    pq.write_table(table, tmp_path / "a.parquet", row_group_size=2)
+    source = _source(tmp_path, check="off", shuffle_buffer=1)  # one sample per row
+    for step in range(2):  # samples 0-3 of rank 1: pieces 1 and 3
+        source.batch(step, 1, 2, 2)
+    with pytest.raises(DataFormatError) as e:
+        source.batch(2, 1, 2, 2)
+    assert str(e.value) == first_problem(_source(tmp_path))
+    assert "a.parquet: row group 5, row 10: items value 70 is outside 0..49" in str(e.value)
+
+
 # ---- agreed by the ranks of a run --------------------------------------------------
 
 
