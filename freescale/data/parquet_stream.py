@@ -41,6 +41,14 @@ step ``n`` reads the ``items`` column of the row groups before it to count
 their samples). At another world size: not yet supported, a one-line error.
 No held-out evaluation: ``evaluation.every`` is skipped with a note.
 
+Checks: footers at construction (`scan_files`); then, before step 0, every
+row (``data.check=on``, the default; `check_rows`, `freescale.data.stream_check`:
+the rules of `columnar._history` and `_check_range`, vectorized per row group,
+the row groups shared between the ranks, the first problem in piece order
+raised by every rank, one line ``PATH: row group G, row R: WHY``, CLI rc 2).
+``data.check=off`` skips that pass: a bad row then fails at the step whose
+window reads it, with the same line (`_histories`, the per-row reference).
+
 Cost: piece sample counts are cached (a few integers per row group); with
 ``data.loader_workers`` > 1 each worker reads every window of its rank's
 stream (Parquet decoding repeated per worker) and builds only its own steps.

@@ -40,7 +40,13 @@ class DataSource(Protocol):
     with global step ``step`` starting at sample ``position`` of its stream
     (`freescale.data.stream`). A run resumed at another world size uses it
     to continue at the sample it stopped at; a source without it is asked
-    for step ``n`` of the new world (`freescale.pipeline.position`)."""
+    for step ``n`` of the new world (`freescale.pipeline.position`).
+
+    Optional: ``check_rows(rank, world_size)``, this rank's share of a check of
+    all the data before step 0 (`freescale.pipeline.inputs.check_all_rows`):
+    an iterator with as many items on every rank, each None or ``(key, line)``
+    of this rank's first problem; every rank raises the line of the smallest
+    key (``parquet-stream``: `freescale.data.stream_check`)."""
 
     num_items: int
     num_actions: int

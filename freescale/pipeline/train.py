@@ -60,9 +60,7 @@ class Trainer:
         self.device = device = pick_device(run)
         seed_everything(run)
         self.source = check_data(cfg.data, run, self.world, data)
-        # Small collectives (metrics, input checks, the data check) travel over
-        # gloo: they never wait for the GPU.
-        group = gloo_group(run.timeout_s) if self.world > 1 else None
+        group = gloo_group(run.timeout_s) if self.world > 1 else None  # never waits for a GPU
         check_all_rows(self.source, group, self.rank, self.world)  # every row, before step 0
         self.schema = schema_of(self.source)
         with device:  # initialize on the device: large tables init in ms, not minutes
