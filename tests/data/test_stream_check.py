@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from freescale.data import DataFormatError, SequenceSampling, SyntheticConfig, open_source
-from freescale.data.stream_check import check_rounds, first_problem, rounds
+from freescale.data.stream_check import RowRules, check_rounds, first_problem, piece_problem, rounds
 from freescale.testing import run_ranks
 
 pa = pytest.importorskip("pyarrow")
@@ -95,6 +95,8 @@ def _write(path, rng, rows, row_group):
     types = {c: pa.list_(pa.int64()) for c in columns}
     if rng.random() < 0.3:
         types["items"] = pa.list_(pa.int32())
+    if rng.random() < 0.3:
+        types["actions"] = pa.large_list(pa.int16())
     schema = pa.schema([(c, types[c]) for c in columns])
     metadata = {"freescale.num_items": str(NUM_ITEMS)}
     actions = rng.choice(["", "4", "2000"])  # "": 1024 (MAX_ACTIONS); 2000: above it
@@ -159,6 +161,17 @@ def test_columns_in_the_order_the_rows_are_checked(tmp_path):
     line = first_problem(source)
     assert line == _reference(source)
     assert line.endswith("a.parquet: row group 0, row 1: shop value None is not an integer")
+
+
+def test_a_row_group_read_in_several_chunks_names_its_row(tmp_path):
+    pq.write_table(pa.table({"items": [[1, 2, 3]]}), tmp_path / "a.parquet")
+    rules = RowRules.of(_source(tmp_path))
+    good = pa.table({"items": [[1, 2, 3]] * 5})
+    bad = pa.table({"items": [[1, 2], [3, -1]]})
+    table = pa.concat_tables([good, good.slice(1, 2), bad])  # 3 chunks, one sliced
+    assert len(table.to_batches()) == 3
+    line = piece_problem(table, "f.parquet", 4, 100, rules)
+    assert line == "f.parquet: row group 4, row 108: negative item -1"
 
 
 def test_too_many_targets_in_a_row_is_named_before_the_stream_reaches_it(tmp_path):
