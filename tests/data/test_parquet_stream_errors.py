@@ -14,6 +14,7 @@ import pytest
 
 import freescale
 from freescale.data import SequenceSampling, SyntheticConfig, open_source
+from freescale.pipeline import train
 from freescale.pipeline.config import build_config
 from freescale.pipeline.launch import RankInputError, RunFailed, _join
 from freescale.pipeline.train import Trainer
@@ -58,11 +59,14 @@ def _train_rank(data: str, metrics: str, check: str) -> dict:
     return {"error": None}
 
 
-@pytest.mark.parametrize("check", ["on", pytest.param("off", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("check", ["on", "off"])
 def test_a_late_bad_row_of_rank_1_is_every_ranks_line_before_step_0(tmp_path, check):
     """On: found before step 0 (the metrics file is never opened). Off: the same line
-    when rank 1 reaches the row, after some steps (fast twin: the source's own test,
-    `test_stream_check.test_with_the_check_off_the_step_raises_the_same_line`)."""
+    when rank 1 reaches the row, after some steps. Fast twins: the trainer's hook at
+    one rank (`test_the_python_api_raises_the_line`), the ranks' agreement
+    (`test_stream_check.test_every_rank_raises_the_first_problem_in_piece_order`),
+    the step's line with the check off (`test_stream_check.test_with_the_check_off_...`)."""
     want = _bad_late_data(tmp_path / "d")
     metrics = tmp_path / "m.jsonl"
     out = run_ranks(_train_rank, 2, str(tmp_path / "d"), str(metrics), check, timeout=180)
@@ -75,8 +79,10 @@ def test_a_late_bad_row_of_rank_1_is_every_ranks_line_before_step_0(tmp_path, ch
         assert steps and max(steps) < 7, steps
 
 
-def test_the_python_api_raises_the_line(tmp_path):
+def test_the_python_api_raises_the_line(tmp_path, monkeypatch):
+    """In-process (nproc=1): the trainer's check raises before the model is built."""
     want = _bad_late_data(tmp_path / "d")
+    monkeypatch.setattr(train, "build_model", lambda *a: pytest.fail("a model was built"))
     sampling = SequenceSampling(max_uih=4, shuffle=False)
     source = open_source(f"parquet-stream:{tmp_path / 'd'}", SyntheticConfig(), sampling)
     with pytest.raises(ValueError) as e:
