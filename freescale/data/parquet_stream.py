@@ -50,6 +50,14 @@ was read whole. Finding where each old rank stood counts the samples of
 the row groups every old rank read (their ``items`` column).
 No held-out evaluation: ``evaluation.every`` is skipped with a note.
 
+Checks: footers at construction (`scan_files`); then, before step 0, every
+row (``data.check=on``, the default; `check_rows`, `freescale.data.stream_check`:
+the rules of `columnar._history` and `_check_range`, vectorized per row group,
+the row groups shared between the ranks, the first problem in piece order
+raised by every rank, one line ``PATH: row group G, row R: WHY``, CLI rc 2).
+``data.check=off`` skips that pass: a bad row then fails at the step whose
+window reads it, with the same line (`_histories`, the per-row reference).
+
 Cost: piece sample counts are cached (a few integers per row group); with
 ``data.loader_workers`` > 1 each worker reads every window of its rank's
 stream (Parquet decoding repeated per worker) and builds only its own steps.
@@ -73,7 +81,7 @@ from freescale.data.synthetic import samples_to_batch
 from freescale.jagged.batch import SampleBatch
 from freescale.jagged.schema import DataSchema, Feature
 
-OPTIONS = ("features", "shuffle_buffer", "num_actions")
+OPTIONS = ("features", "shuffle_buffer", "num_actions", "check")
 DEFAULT_SHUFFLE_BUFFER = 10_000  # rows per shuffle window
 OPTIONAL = ("actions", "timestamps")
 ID_BITS = (15, 32, 16)  # sample id: file, row in file, target number
@@ -202,7 +210,9 @@ class ParquetStreamSource(SegmentedStream):
         features: Any = None,
         shuffle_buffer: int | str = DEFAULT_SHUFFLE_BUFFER,
         num_actions: int | str | None = None,
+        check: bool | str = True,
     ) -> None:
+        self.check = _switch("data.check", check)
         self.sampling = sampling or SequenceSampling()
         wanted = parse_features(features)
         for name, level, rows in wanted:
@@ -244,6 +254,13 @@ class ParquetStreamSource(SegmentedStream):
                     f"{self.spec}: {pieces} row groups for {world} ranks; every rank needs "
                     "one (write smaller row groups or more files)"
                 )
+
+    def check_rows(self, rank: int, world_size: int) -> Any:
+        """This rank's share of the check of every row before step 0, one yield per
+        round (`freescale.data.stream_check`); nothing with ``data.check=off``."""
+        from freescale.data.stream_check import check_rounds
+
+        return check_rounds(self, rank, world_size) if self.check else iter(())
 
     def batch(self, step: int, rank: int, world_size: int, batch_size: int) -> SampleBatch:
         if step < 0 or not 0 <= rank < world_size or batch_size < 0:
@@ -374,6 +391,13 @@ class ParquetStreamSource(SegmentedStream):
                     where,
                     f"{column} value {int(values.max())} is outside 0..{limit - 1} ({setting})",
                 )
+
+
+def _switch(name: str, value: bool | str) -> bool:
+    text = str(value).lower()
+    if text not in ("true", "false", "on", "off"):
+        raise ValueError(f"{name} must be on or off, got {value!r}")
+    return text in ("true", "on")
 
 
 def _positive(name: str, value: int | str) -> int:

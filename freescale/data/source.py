@@ -42,7 +42,13 @@ class DataSource(Protocol):
     to continue at the sample it stopped at; a source without it is asked
     for step ``n`` of the new world (`freescale.pipeline.position`). A
     source that reads one stream per rank has ``with_segments(segments)``
-    instead: the run's world sizes by step (`freescale.data.stream_resume`)."""
+    instead: the run's world sizes by step (`freescale.data.stream_resume`).
+
+    Optional: ``check_rows(rank, world_size)``, this rank's share of a check of
+    all the data before step 0 (`freescale.pipeline.inputs.check_all_rows`):
+    an iterator with as many items on every rank, each None or ``(key, line)``
+    of this rank's first problem; every rank raises the line of the smallest
+    key (``parquet-stream``: `freescale.data.stream_check`)."""
 
     num_items: int
     num_actions: int

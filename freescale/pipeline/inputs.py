@@ -15,6 +15,11 @@ that do not match their values still index *something*). Two parts:
   ValueError, naming the rank, the sample and the step, before the batch
   reaches the balancer, the tables or the weights.
 
+Before any batch, `check_all_rows` runs a source's own check of all its data
+(``check_rows``, optional; `freescale.data.stream_check` for ``parquet-stream``),
+shared between the ranks and agreed the same way: one ValueError line, the
+same on every rank, before step 0.
+
 Empty local batches (variable batch sizes make them legitimate) and samples
 without history are valid input, not problems.
 """
@@ -33,7 +38,7 @@ from torch import Tensor
 from freescale.jagged.batch import CAND_IDS, CONTENT_IDS, UIH_ACTIONS, UIH_IDS, SampleBatch
 from freescale.jagged.schema import DataSchema, Feature
 from freescale.jagged.tensor import JaggedFeatures
-from freescale.pipeline.rank_text import first_problem
+from freescale.pipeline.rank_text import broadcast_text, first_problem
 
 OK, OFFSETS, ID_RANGE, NONFINITE, MISSING, DATA_ERROR = range(6)
 _WIDTH = 6  # code, part, local index, sample id, value, extra
@@ -225,3 +230,43 @@ class InputAgreement:
         for r, got in enumerate(rows):
             if int(got[0]) != OK:
                 raise ValueError(message(r, step, got.tolist(), self.limits))
+
+
+def check_all_rows(source: Any, group: Any, rank: int, world: int) -> None:
+    """Run ``source.check_rows(rank, world)`` (when it has one) and raise the same
+    ValueError on every rank for the first problem any rank found.
+
+    ``check_rows`` returns an iterator with as many items on every rank (one per
+    round of the check): None, or ``(key, line)`` of this rank's first problem.
+    After each round the ranks all-gather ``[found, key, done]``; at the first
+    round where any rank found one, every rank raises the line of the smallest
+    key (ties: the lowest rank). A ValueError raised by ``check_rows`` is a
+    problem with key -1."""
+    check = getattr(source, "check_rows", None)
+    if check is None:
+        return
+    rounds, done = None, False
+    while True:
+        found = None
+        if not done:
+            try:
+                rounds = iter(check(rank, world)) if rounds is None else rounds
+                found = next(rounds)
+            except StopIteration:
+                done = True
+            except ValueError as e:
+                found, done = (-1, str(e).splitlines()[0]), True
+        key, line = found if found is not None else (0, "")
+        row = torch.tensor([found is not None, key, done], dtype=torch.int64)
+        if world > 1:
+            rows = [torch.empty_like(row) for _ in range(world)]
+            dist.all_gather(rows, row, group=group)
+        else:
+            rows = [row]
+        table = torch.stack(rows)
+        if bool(table[:, 0].any()):
+            keys = torch.where(table[:, 0] > 0, table[:, 1], torch.iinfo(torch.int64).max)
+            src = int(torch.argmin(keys))  # the first minimum: the lowest rank
+            raise ValueError(broadcast_text(line, group, world, src))
+        if bool(table[:, 2].all()):
+            return

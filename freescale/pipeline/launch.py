@@ -12,7 +12,10 @@ What the launcher guarantees:
   (`freescale.pipeline.checks`): a bad config is one line, before any rank;
 - a rank that raises ends the run at once: the others are killed and
   `RunFailed` carries that rank's one-line error (its traceback went to
-  stderr when the error was not a plain input error);
+  stderr when the error was not a plain input error); a ValueError (bad
+  data or input, which the ranks agree on and raise alike) is re-raised as
+  `RankInputError`, a ValueError with the rank's line as it is (CLI rc 2,
+  as under torchrun, where each rank's own ``main`` exits 2);
 - ranks die with the launcher (``PR_SET_PDEATHSIG``), SIGKILL included;
 - SIGTERM is forwarded: the ranks finish their step, checkpoint if
   configured and return their summary (``"stopped": "SIGTERM"``); the CLI
@@ -47,6 +50,13 @@ from freescale.pipeline.train import Trainer
 
 class RunFailed(RuntimeError):
     """A rank failed; the message names the rank and its error, on one line."""
+
+
+class RankInputError(RunFailed, ValueError):
+    """A rank raised a ValueError (bad data or input): its one line, as it is."""
+
+
+EXIT_INPUT = 2  # a spawned rank's exit status after a ValueError (its line went to the launcher)
 
 
 def _backend(cfg: TrainConfig) -> str:
@@ -137,7 +147,10 @@ def _join(procs: list[Any], results: Any, cfg: TrainConfig) -> dict[str, Any] | 
     while time.monotonic() < deadline and summary is None and not errors:
         summary = _drain(results, errors, summary, block=0.1)
     if errors:
-        rank, message = errors[0]
+        # a rank's ValueError first: another rank's error may only be its peer gone
+        kind, rank, message = min(errors, key=lambda error: error[0] != "input")
+        if kind == "input":
+            raise RankInputError(message)
         raise RunFailed(f"rank {rank} failed: {message}")
     bad = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (0, EXIT_STOPPED)]
     if bad:
@@ -158,7 +171,7 @@ def _drain(results: Any, errors: list, summary: Any, block: float = 0.0) -> Any:
         elif kind == "result":  # the Python API's: tensors, loaded without running code
             summary = torch.load(io.BytesIO(payload), weights_only=True)
         else:
-            errors.append((rank, payload))
+            errors.append((kind, rank, payload))
 
 
 class _forward_sigterm:
@@ -235,10 +248,13 @@ def _spawned(
         # input and non-finite errors are one line; the rest keep a trace
         if not isinstance(e, (ValueError, NonFiniteError)):
             traceback.print_exc()
-        results.put(("error", rank, f"{type(e).__name__}: {e}".splitlines()[0]))
+        if isinstance(e, ValueError):
+            results.put(("input", rank, (str(e).splitlines() or [""])[0]))
+        else:
+            results.put(("error", rank, f"{type(e).__name__}: {e}".splitlines()[0]))
         results.close()
         results.join_thread()
-        sys.exit(1)
+        sys.exit(EXIT_INPUT if isinstance(e, ValueError) else 1)
     if rank == 0 and job.api:
         buffer = io.BytesIO()
         torch.save(summary, buffer)

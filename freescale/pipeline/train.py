@@ -29,7 +29,7 @@ from freescale.pipeline.config import TrainConfig
 from freescale.pipeline.dense import DenseTraining
 from freescale.pipeline.evaluator import Evaluator
 from freescale.pipeline.faults import Faults
-from freescale.pipeline.inputs import InputAgreement, Limits, find_problem
+from freescale.pipeline.inputs import InputAgreement, Limits, check_all_rows, find_problem
 from freescale.pipeline.liveness import Liveness, gloo_group
 from freescale.pipeline.loader import BatchInfo, Prefetcher, default_workers
 from freescale.pipeline.profiling import make_profiler
@@ -59,6 +59,8 @@ class Trainer:
         self.device = device = pick_device(run)
         seed_everything(run)
         self.source = check_data(cfg.data, run, self.world, data)
+        group = gloo_group(run.timeout_s) if self.world > 1 else None  # never waits for a GPU
+        check_all_rows(self.source, group, self.rank, self.world)  # every row, before step 0
         self.schema = schema_of(self.source)
         with device:  # initialize on the device: large tables init in ms, not minutes
             self.model = build_model(cfg.model, self.schema, model).to(device)
@@ -76,8 +78,6 @@ class Trainer:
         )  # fmt: skip
         self.optimizer, self.default_loss = self.dense.optimizer, has_default_loss(self.model)
         self.balance = balance_stage(cfg.balance, run, sparse.overlap_comm, self.timer, device)
-        # Metrics travel over gloo: gathering them never waits for the GPU.
-        group = gloo_group(run.timeout_s) if self.world > 1 else None
         self.metrics = StepMetrics(
             cfg.output, self.rank, run.mode, run.steps, run.warmup, self.timer, group,
             self.default_loss, append=bool(cfg.checkpoint.resume),
