@@ -164,5 +164,6 @@ def test_under_torchrun_each_rank_prints_the_line_and_exits_2(tmp_path):
     lines = [line for line in proc.stderr.splitlines() if line.startswith("freescale: error:")]
     assert proc.returncode != 0 and len(lines) == 2, proc.stderr[-3000:]
     assert all(line.startswith(f"freescale: error: {want}") for line in lines), lines
-    assert proc.stderr.count("exitcode  : 2 ") == 2  # torchrun's report of each rank
+    # torchrun reports the first rank to exit (2); it may stop the other before its own exit
+    assert proc.stderr.count("exitcode  : 2 ") >= 1
     assert proc.stdout == "" and not (tmp_path / "m.jsonl").exists()
