@@ -8,11 +8,12 @@ category, data wait, collision rates, NE), its per-step metrics JSON lines,
 and, when ``trace_steps`` is given, its profiler trace (rank 0's GPU idle %
 and host ms per step, `freescale.pipeline.trace`). At world size 1 the run
 happens in this process (``in_process``), so peak GPU memory can be read.
+Model FLOPs per step, TFLOP/s per GPU and MFU are the trainer's own (its
+summary's ``step_tflop``, ``tflops``, ``mfu_pct``: null where the model counts
+no FLOPs or, for MFU, the device's peak is unknown; ``peak_tflops`` overrides it).
 
 Parameters (``[params]``): ``preset``, ``steps``, ``warmup``, ``trace_steps``
-("30-32"), ``flops`` (true: model FLOPs per step from the model's public
-``flops(batch)`` and the achieved TFLOP/s; MFU when ``peak_tflops`` is given),
-``loss_gap`` (true: the largest per-step loss gap of each point to the
+("30-32"), ``loss_gap`` (true: the largest per-step loss gap of each point to the
 ``mode = "sync"`` point of the same other axes, from the step logs).
 """
 
@@ -41,7 +42,8 @@ from .scenario import Scenario, setting
 
 SUMMARY_KEYS = ("step_ms", "compute_ms_mean", "qps", "straggler_pct", "data_wait_ms",
                 "data_wait_ms_max", "exposed_collision_ms", "collision_rows_pct",
-                "collision_ids_pct", "ne", "train_ne_last", "measured_steps")  # fmt: skip
+                "collision_ids_pct", "ne", "train_ne_last", "measured_steps", "step_tflop",
+                "tflops", "mfu_pct", "peak_tflops")  # fmt: skip
 
 
 def points(s: Scenario) -> list[dict[str, Any]]:
@@ -115,8 +117,6 @@ def run_point(s: Scenario, point: dict[str, Any], raw: Path) -> dict[str, Any]:
             warm = cfg.run.warmup
             kept = [x for x in steps if x["step"] >= warm and not first <= x["step"] <= last]
             row["step_ms"] = statistics.mean(x["step_ms"] for x in kept) if kept else row["step_ms"]
-    if s.params.get("flops"):
-        row.update(flops(cfg, point, row["step_ms"], s.params.get("peak_tflops")))
     row["steps_file"] = metrics.name
     return row
 
@@ -138,28 +138,6 @@ def trace_numbers(path: Path, steps: str) -> dict[str, Any]:
         "host_ms": statistics.mean(h.host_us for h in hosts) / 1e3 if hosts else None,
         "host_wait_ms": statistics.mean(h.wait_us for h in hosts) / 1e3 if hosts else None,
     }
-
-
-def flops(cfg: Any, point: dict[str, Any], step_ms: float, peak: float | None) -> dict[str, Any]:
-    """Model FLOPs of a global step (mean of 3 steps' batches, every rank) and the
-    achieved TFLOP/s per GPU; MFU = achieved / ``peak`` (bf16 dense TFLOP/s)."""
-    from freescale.data.source import schema_of
-    from freescale.pipeline.setup import build_model, make_source
-
-    source = make_source(cfg)
-    model = build_model(cfg.model, schema_of(source))
-    if not hasattr(model, "flops"):
-        return {"tflops_per_gpu": None, "mfu_pct": None}
-    w = point["nproc"]
-    counts = [
-        [model.flops(source.batch(k, r, w, cfg.run.batch_size)) for r in range(w)] for k in range(3)
-    ]
-    if any(c is None for step in counts for c in step):  # the model does not count its FLOPs
-        return {"tflops_per_gpu": None, "mfu_pct": None}
-    per_step = statistics.mean(sum(float(c) for c in step) for step in counts)
-    achieved = per_step / (step_ms / 1e3) / w / 1e12
-    return {"step_tflop": per_step / 1e12, "tflops_per_gpu": achieved,
-            "mfu_pct": 100 * achieved / peak if peak else None}  # fmt: skip
 
 
 def loss_gaps(rows: list[dict[str, Any]], raw: Path) -> None:

@@ -25,7 +25,9 @@ supplies the defaults:
   changes the math), and that sum detached (for the logged loss). Default:
   binary cross-entropy;
 - optional ``flops(batch) -> float``: FLOPs of a training step on ``batch``
-  (forward + backward), for MFU;
+  (forward + backward), for the step metrics' TFLOP/s and MFU. The trainer
+  counts it on the host (loader workers; for balanced batches, a batch of the
+  same sizes whose values are zero), so it must depend on the sizes only;
 - optional ``block_stack``: the path of a `freescale.models.sequence.BlockStack`
   submodule, the model's capturable region: the pipeline may replace it with
   one running the same blocks another way (replayed captures), from outside.

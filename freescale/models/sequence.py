@@ -234,6 +234,39 @@ class SequenceModel(RecModel):
     def _pool_content(self, content_rows: Tensor, batch: SampleBatch) -> Tensor:
         return mean_content(content_rows, batch)
 
+    def flops(self, batch: SampleBatch) -> float:
+        """Matmul FLOPs of a training step on ``batch`` (forward + backward = 3 × forward).
+
+        2 FLOPs per multiply-add, every matmul of `forward` once, D = dim, r = mlp_ratio:
+
+        - every block: ``qkv`` (D → 3D) over the history and candidate tokens (a
+          candidate's keys and values are computed, then dropped); the
+          cross-attention's Q·Kᵀ and A·V (2·D multiply-adds per query-key pair)
+          over its pairs: each candidate with every event of its sample's history
+          (Σ N·L); the candidates' ``proj`` (D → D) and MLP (D → rD → D);
+        - every block but the last (its history update has no reader): the causal
+          self-attention over L(L+1)/2 pairs per sample (what the varlen kernel
+          computes; the CPU reference's full masked L × L products count more),
+          the history's ``proj`` and MLP;
+        - ``dense_proj`` once per sample, the head (D → 1) once per candidate.
+
+        Lookups, pooling, norms and other elementwise work are not counted. It
+        depends on the batch's sizes only; one host read of the lengths.
+        """
+        d, r, layers = self.cfg.dim, self.cfg.mlp_ratio, self.cfg.layers
+        lengths, cands = batch.uih_lengths(), batch.num_candidates()
+        pairs = torch.stack([(lengths * (lengths + 1)).sum() // 2, (lengths * cands).sum()])
+        causal, cross = (float(x) for x in pairs.tolist())  # the one host read
+        n_u, n_c = float(batch.uih[UIH_IDS].numel()), float(batch.num_candidates_total)
+        qkv = 2 * d * 3 * d * (n_u + n_c) * layers
+        per_token = 2 * d * d + 2 * 2 * d * r * d  # proj + the MLP's two layers
+        cand_layer = per_token * n_c + 4 * d * cross
+        uih_layer = per_token * n_u + 4 * d * causal
+        forward = qkv + cand_layer * layers + uih_layer * (layers - 1) + 2 * d * n_c
+        if self.dense_proj is not None and batch.dense is not None:
+            forward += 2 * self.cfg.dense_dim * d * batch.batch_size
+        return 3.0 * forward
+
 
 def build(
     schema: DataSchema,

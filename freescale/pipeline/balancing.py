@@ -2,9 +2,10 @@
 
 Step s trains on balanced batch s while the raw batch of step s+2 goes
 through the balancer: stages I-II (gather lengths and candidate sizes over a
-gloo group) and the partitioner run on a helper thread from the start of the
-step, stage III (the sample AllToAll) is issued after forward, while the
-host is still ahead of the GPU, and collected at the end of the step. Two
+gloo group), the partitioner and this rank's balanced sizes (its `BatchInfo`,
+FLOPs included) run on a helper thread from the start of the step, stage III
+(the sample AllToAll) is issued after forward, while the host is still ahead
+of the GPU, and collected at the end of the step. Two
 steps ahead, because ``sdd`` must know balanced batch s+1 when step s starts
 (to prefetch its ids).
 """
@@ -25,6 +26,7 @@ from freescale.balance import (
 )
 from freescale.comm import TorchCommunicator
 from freescale.jagged.batch import SampleBatch
+from freescale.pipeline.flops import count, model_flops, sized_batch
 from freescale.pipeline.liveness import gloo_group
 from freescale.pipeline.loader import BatchInfo
 
@@ -39,10 +41,11 @@ def balance_partitioner(section: Any, batch_size: int) -> str | CostPartitioner:
 
 
 def balance_stage(
-    section: Any, run: Any, comm: TorchCommunicator, timer: Any, device: Any
+    section: Any, run: Any, comm: TorchCommunicator, timer: Any, device: Any, model: Any = None
 ) -> BalanceStage | None:
     """The ``balance`` section's stage (None for ``method=none``); ``run``: the
-    run section (batch size, determinism, timeout)."""
+    run section (batch size, determinism, timeout); ``model``: whose ``flops(batch)``
+    counts the balanced batches' FLOPs."""
     if section.method == "none":
         return None
     plan = section.plan_process
@@ -50,6 +53,7 @@ def balance_stage(
     return BalanceStage(
         balance_partitioner(section, run.batch_size), comm, run.batch_size, timer.section,
         in_process, adaptive=not run.deterministic, timeout_s=run.timeout_s,
+        flops=model_flops(model),
     )  # fmt: skip
 
 
@@ -63,6 +67,7 @@ class BalanceStage:
         plan_in_process: bool = False,
         adaptive: bool = True,
         timeout_s: float = 300.0,
+        flops: Any = None,
     ) -> None:
         # Stages I-II gather host-side lengths on a gloo group of their own, on
         # a helper thread: they never block the trainer's thread and never
@@ -77,34 +82,39 @@ class BalanceStage:
         self.adaptive = adaptive
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="balancer")
         self.rank = comm.rank
-        self.timer = timer
-        self.gathering: Future[BalanceHandle] | None = None
-        self.in_flight: BalanceHandle | None = None
+        self.timer, self.flops = timer, flops
+        self.gathering: Future[tuple[BalanceHandle, BatchInfo]] | None = None
+        self.in_flight: tuple[BalanceHandle, BatchInfo] | None = None
         self.ready: deque[tuple[SampleBatch, BatchInfo, BalanceHandle]] = deque()
 
     # ---- hook points ---------------------------------------------------------
     def stage1(self, batch: SampleBatch, info: BatchInfo) -> None:
         """Start of step: stages I-II for a raw future batch, on the helper thread."""
         assert self.gathering is None and self.in_flight is None, "one step in flight"
-        self.gathering = self.pool.submit(self.balancer.gather, batch, info.lengths)
+        self.gathering = self.pool.submit(self._plan, batch, info)
+
+    def _plan(self, batch: SampleBatch, info: BatchInfo) -> tuple[BalanceHandle, BatchInfo]:
+        """On the helper thread: stages I-II, the plan and this rank's balanced sizes."""
+        h = self.balancer.gather(batch, info.lengths)
+        return h, self._info(h, batch)
 
     def stage3(self) -> None:
         """After forward: issue the sample AllToAll (the plan is ready by then)."""
         if self.gathering is None:
             return
         with self.timer("balancer"):  # only what the helper thread has not hidden
-            handle = self.gathering.result()
+            handle, info = self.gathering.result()
             self.gathering = None
-            self.in_flight = self.balancer.start_stage3(handle)
+            self.in_flight = self.balancer.start_stage3(handle), info
 
     def collect(self) -> None:
         """End of step: the balanced batch joins the queue."""
-        h, self.in_flight = self.in_flight, None
-        if h is None:
+        if self.in_flight is None:
             return
+        (h, info), self.in_flight = self.in_flight, None
         with self.timer("balancer"):
             batch = self.balancer.finish(h)  # orders the current stream after it
-        self.ready.append((batch, self._info(h), h))
+        self.ready.append((batch, info, h))
 
     def balance_now(self, batch: SampleBatch, info: BatchInfo) -> None:
         """All stages back to back (to fill the pipeline before step 0)."""
@@ -134,12 +144,17 @@ class BalanceStage:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.balancer.load_state_dict(state)
 
-    def _info(self, h: BalanceHandle) -> BatchInfo:
-        """Host sizes of this rank's balanced batch, from the gathered lengths."""
+    def _info(self, h: BalanceHandle, raw: SampleBatch) -> BatchInfo:
+        """Host sizes of this rank's balanced batch, from the gathered lengths (its
+        FLOPs: the model's count on a batch of those sizes, shaped as ``raw``)."""
         assert h.world is not None and h.plan is not None
         mine = h.plan.samples_of(self.rank)
         uih = h.world.uih_lengths[mine]
         ncand = h.world.num_candidates[mine]
+        flops = None
+        if self.flops is not None:
+            content = h.world.candidate_lengths_of(mine)
+            flops = count(self.flops, sized_batch(raw, uih, ncand, content))
         return BatchInfo(
             max_uih=int(uih.max()) if uih.numel() else 0,
             max_candidates=int(ncand.max()) if ncand.numel() else 0,
@@ -149,6 +164,7 @@ class BalanceStage:
             global_candidates=h.total_candidates,
             samples=int(mine.numel()),
             features=tuple(sample_features(h.world)[mine].sum(dim=0).tolist()),
+            flops=flops,
         )
 
 

@@ -68,6 +68,8 @@ class RunSection:
     seed: int = 0
     deterministic: bool = True
     timeout_s: float = 300.0  # collective timeout: a stuck rank fails the run after this
+    # dense bf16 peak TFLOP/s of one device, for MFU (0: from the device's name; none on CPU)
+    peak_tflops: float = 0.0
 
     def __post_init__(self) -> None:
         _choice("run.mode", self.mode, MODES)
@@ -77,6 +79,7 @@ class RunSection:
         if self.warmup >= self.steps:
             raise ValueError(f"run.warmup ({self.warmup}) must be < run.steps ({self.steps})")
         _finite("run", "timeout_s", self.timeout_s, 1)
+        _finite("run", "peak_tflops", self.peak_tflops, 0)
 
 
 @dataclass(frozen=True)
@@ -408,7 +411,7 @@ def trace_window(text: str) -> tuple[int, int]:
 
 # ---- the old flat keys (one release) ---------------------------------------------------
 _SAME_NAME = {
-    "run": [f.name for f in fields(RunSection)],
+    "run": [f.name for f in fields(RunSection) if f.name != "peak_tflops"],  # newer than them
     "data": [f.name for f in fields(DataSection) if f.name not in ("source", "options")],
     "embeddings": [],
     "pipeline": [f.name for f in fields(PipelineSection)],

@@ -14,6 +14,9 @@ no process start-up).
 
 Batches stay in step order (the DataLoader returns them in order), ``depth``
 batches ahead of the trainer per worker (the paper budgets one extra batch).
+A worker also counts each batch's FLOPs with the model's ``flops(batch)`` (the
+model reaches the workers by fork, like the source; they never touch its
+parameters), so the step never reads a size back for MFU.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from torch.utils.data import DataLoader, Dataset
 from freescale.balance.world import NUM_FEATURES, batch_features
 from freescale.jagged.batch import SampleBatch
 from freescale.jagged.packed import PackedBatch, pack
+from freescale.pipeline.flops import count, model_flops
 from freescale.pipeline.inputs import DATA_ERROR
 
 _DONE = object()
@@ -56,9 +60,12 @@ class BatchInfo:
     # the source could not build the batch (a bad row of streamed data): its one line,
     # agreed by every rank like an input problem (`freescale.pipeline.inputs`)
     error: str = ""
+    flops: float | None = None  # the model's FLOPs of a training step on it (None: not counted)
 
     @classmethod
-    def of(cls, batch: SampleBatch, with_lengths: Any = None, validate: Any = None) -> BatchInfo:
+    def of(
+        cls, batch: SampleBatch, with_lengths: Any = None, validate: Any = None, flops: Any = None
+    ) -> BatchInfo:
         problem = validate(batch) if validate is not None else None
         if problem is not None:  # sizes of a malformed batch are meaningless; all ranks raise
             return cls(0, 0, 0, 0, 0.0, batch.batch_size, problem=problem)
@@ -72,6 +79,7 @@ class BatchInfo:
             samples=batch.batch_size,
             lengths=None if with_lengths is None else with_lengths(batch),
             features=tuple(batch_features(batch).tolist()),
+            flops=count(flops, batch),
         )
 
 
@@ -92,11 +100,12 @@ class StepBatches(Dataset):
         host_lengths: Any = None,
         validate: Any = None,
         packed: bool = False,
+        flops: Any = None,
     ) -> None:
         self.source, self.rank, self.world_size = source, rank, world_size
         self.batch_size, self.steps = batch_size, steps
         self.host_lengths, self.validate = host_lengths, validate
-        self.packed = packed
+        self.packed, self.flops = packed, flops
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -108,7 +117,7 @@ class StepBatches(Dataset):
             return None, BatchInfo(
                 0, 0, 0, 0, 0.0, 0, problem=[DATA_ERROR, 0, 0, 0, 0, 0], error=str(e)
             )
-        info = BatchInfo.of(batch, self.host_lengths, self.validate)
+        info = BatchInfo.of(batch, self.host_lengths, self.validate, self.flops)
         return (pack(batch) if self.packed else batch), info
 
 
@@ -141,7 +150,9 @@ class Prefetcher:
         delay_ms: float = 0.0,
         validate: Any = None,
         packed: bool | None = None,
+        model: Any = None,
     ) -> None:
+        """``model``: whose ``flops(batch)`` counts each batch's FLOPs (`BatchInfo.flops`)."""
         self.device = device
         cuda = device.type == "cuda"
         self.copy_stream = torch.cuda.Stream(device) if cuda else None
@@ -151,8 +162,9 @@ class Prefetcher:
         # Packed (default on GPUs): one descriptor, pinned buffer and copy per batch.
         packed = cuda if packed is None else packed
         data = StepBatches(
-            source, rank, world_size, batch_size, steps, host_lengths, validate, packed
-        )
+            source, rank, world_size, batch_size, steps, host_lengths, validate, packed,
+            model_flops(model),
+        )  # fmt: skip
         loader = DataLoader(
             data,
             batch_size=None,  # items are whole batches already

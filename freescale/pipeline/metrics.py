@@ -13,11 +13,17 @@ stream (GPU ranks) or the host's wall clock (CPU ranks), never a mix.
 - exposed communication: per category, mean over ranks, ms per step.
 - QPS = items (UIH tokens + candidates) of all ranks per second of T_iter.
 - NE = mean BCE / entropy of the label base rate.
+- TFLOP/s per GPU = F_r / T_iter, F_r = the model's FLOPs of rank r's batch
+  (``flops(batch)``: forward + backward); ``tflops`` is their mean over ranks,
+  ``step_tflop`` their sum (the step's FLOPs), and MFU % = 100 · tflops / the
+  device's dense bf16 peak. Null where the model counts no FLOPs, or (MFU)
+  where no peak is known (CPUs, devices not in `freescale.pipeline.flops`).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +54,7 @@ _FIELDS = (
     "stop",  # 1: this rank was asked to stop (SIGTERM); all ranks see it in the same step
     "nonfinite",  # 1: this rank's loss or embedding gradients were not finite
     "loss_sum",  # the model's own loss, summed over this rank's candidates
+    "flops",  # the model's FLOPs of this rank's batch (NaN: not counted)
     *(f"feature_{name}" for name in FEATURES),
 )
 STOP = _FIELDS.index("stop")
@@ -72,6 +79,7 @@ class RankStep:
     nonfinite: float = 0.0
     features: tuple[float, ...] = (0.0,) * len(FEATURES)  # this rank's batch, summed
     loss_sum: float | None = None  # the model's loss when it is not BCE (None: bce_sum)
+    flops: float | None = None  # the model's FLOPs of this rank's batch (None: not counted)
 
     def vector(self, device: torch.device) -> torch.Tensor:
         values = [
@@ -89,6 +97,7 @@ class RankStep:
             self.stop,
             self.nonfinite,
             self.bce_sum if self.loss_sum is None else self.loss_sum,
+            math.nan if self.flops is None else self.flops,
             *self.features,
         ]
         return torch.tensor(values, dtype=torch.float64, device=device)
@@ -105,7 +114,8 @@ def gather_step(local: RankStep, group: Any = None) -> torch.Tensor:
     return torch.stack(out)
 
 
-def summarize_step(step: int, table: torch.Tensor) -> dict[str, Any]:
+def summarize_step(step: int, table: torch.Tensor, peak: float | None = None) -> dict[str, Any]:
+    """The step's JSON line from every rank's numbers (``peak``: TFLOP/s per device)."""
     # One read of the table, then Python: on a few CPU numbers each torch op
     # costs the launch thread more than its arithmetic. The sums behind the
     # loss and NE stay torch's, so their rounding is unchanged at any W.
@@ -146,6 +156,22 @@ def summarize_step(step: int, table: torch.Tensor) -> dict[str, Any]:
         "ne": normalized_entropy(bce, pos, cands),
         "samples": int(sum(col["samples"])),
         "items": int(sum(col["items"])),
+        **_throughput(col["flops"], t_iter, peak),
+    }
+
+
+def _throughput(flops: list[float], t_iter: float, peak: float | None) -> dict[str, Any]:
+    """The FLOPs fields: null unless every rank's batch was counted (and, for
+    the rates, the step took time; for MFU, the peak is known)."""
+    if not all(math.isfinite(f) for f in flops):
+        return {"step_tflop": None, "tflops": None, "tflops_ranks": None, "mfu_pct": None}
+    rates = [f / (t_iter / 1000.0) / 1e12 for f in flops] if t_iter > 0 else None
+    tflops = None if rates is None else _mean(rates)
+    return {
+        "step_tflop": sum(flops) / 1e12,
+        "tflops": tflops,
+        "tflops_ranks": None if rates is None else [float(f"{r:.4g}") for r in rates],
+        "mfu_pct": 100.0 * tflops / peak if tflops is not None and peak else None,
     }
 
 
@@ -171,6 +197,7 @@ class RunSummary:
     warmup: int
     steps: list[dict[str, Any]] = field(default_factory=list)
     evals: list[dict[str, float]] = field(default_factory=list)
+    peak_tflops: float | None = None  # what MFU divides by (None: unknown)
 
     def add(self, record: dict[str, Any]) -> None:
         self.steps.append(record)
@@ -180,6 +207,12 @@ class RunSummary:
 
         def mean(key: str) -> float:
             return sum(s[key] for s in measured) / len(measured)
+
+        def known_mean(key: str) -> float | None:  # None where any step has none
+            values = [s.get(key) for s in measured]
+            if not values or None in values:
+                return None
+            return sum(values) / len(values)  # type: ignore[arg-type]
 
         return {
             "steps": len(self.steps),
@@ -202,6 +235,10 @@ class RunSummary:
             "exposed_collision_ms": mean("exposed_collision_ms"),
             "collision_rows_pct": mean("collision_rows_pct"),
             "collision_ids_pct": mean("collision_ids_pct"),
+            "step_tflop": known_mean("step_tflop"),
+            "tflops": known_mean("tflops"),
+            "mfu_pct": known_mean("mfu_pct"),
+            "peak_tflops": self.peak_tflops,
             **extra,
         }
 

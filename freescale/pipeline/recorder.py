@@ -13,10 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from freescale.jagged.ops import copy_to_host, wait_for_copy
-from freescale.pipeline.config import OutputSection
+from freescale.pipeline.config import OutputSection, RunSection
+from freescale.pipeline.flops import peak_tflops
 from freescale.pipeline.liveness import mark_stopped
 from freescale.pipeline.loader import BatchInfo
 from freescale.pipeline.metrics import (
@@ -58,24 +60,26 @@ class StepRecord:
 class StepMetrics:
     """Every step's metrics: gathered, summarized (`summary`), written, printed.
 
-    ``observe(compute_ms, handle)``: the balancer's feedback (or None);
-    ``count(step, skipped, partial, ranks)``: the non-finite count."""
+    ``run``: the run section (mode, steps, warm-up, the peak override), ``device``
+    this rank's (its peak TFLOP/s, for MFU); ``observe(compute_ms, handle)``: the
+    balancer's feedback (or None); ``count(step, skipped, partial, ranks)``: the
+    non-finite count."""
 
     def __init__(
         self,
         section: OutputSection,
         rank: int,
-        mode: str,
-        steps: int,
-        warmup: int,
+        run: RunSection,
+        device: torch.device,
         timer: SectionTimer,
         group: Any,
         default_loss: bool,
         append: bool,
     ) -> None:
-        self.section, self.rank, self.mode, self.steps = section, rank, mode, steps
+        self.section, self.rank, self.mode, self.steps = section, rank, run.mode, run.steps
         self.timer, self.group, self.default_loss = timer, group, default_loss
-        self.summary = RunSummary(warmup)
+        self.peak = peak_tflops(device, run.peak_tflops)
+        self.summary = RunSummary(run.warmup, peak_tflops=self.peak)
         self.writer = JsonLines(section.metrics_path if rank == 0 else "", append=append)
         self.stop_agreed = False  # every rank saw a stop request in the same metrics gather
 
@@ -107,6 +111,7 @@ class StepMetrics:
             nonfinite=seen_here,
             features=info.features,
             loss_sum=loss_sum,
+            flops=info.flops,
         )
         if rec.collision is not None:
             local.collision = tuple(rec.collision())  # type: ignore[assignment]
@@ -114,7 +119,7 @@ class StepMetrics:
         if table[:, STOP].max() > 0 and not self.stop_agreed:
             self.stop_agreed = True  # every rank decides this in the same step
             mark_stopped()
-        record = summarize_step(rec.step, table)
+        record = summarize_step(rec.step, table, self.peak)
         record["nonfinite_skipped"] = bool(skipped)
         self.summary.add(record)
         if rec.handle is not None:

@@ -24,6 +24,14 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     return records
 
 
+# Step fields shown when every measured step has them: key, label, format.
+THROUGHPUT = (
+    ("step_tflop", "model TFLOP per step (all ranks)", ".4g"),
+    ("tflops", "TFLOP/s per GPU", ".4g"),
+    ("mfu_pct", "MFU %", ".2f"),
+)
+
+
 def markdown(records: list[dict[str, Any]], warmup: int, title: str) -> str:
     measured = [r for r in records if r["step"] >= warmup] or records
 
@@ -44,6 +52,10 @@ def markdown(records: list[dict[str, Any]], warmup: int, title: str) -> str:
     ]
     for c in CATEGORIES:
         lines.append(f"| exposed {c} (ms) | {mean(lambda r, c=c: r['exposed_comm_ms'][c]):.3f} |")
+    for key, label, form in THROUGHPUT:
+        values = [r.get(key) for r in measured]
+        if values and None not in values:  # a model that counts FLOPs (a known peak: MFU)
+            lines.append(f"| {label} | {sum(values) / len(values):{form}} |")
     lines.append(f"| train NE (last step) | {records[-1]['ne']:.4f} |")
     if evals:
         lines.append(
@@ -61,7 +73,8 @@ def plot(records: list[dict[str, Any]], out_dir: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     steps = [r["step"] for r in records]
-    fig, axes = plt.subplots(3, 1, figsize=(7, 9), sharex=True)
+    counted = all(r.get("tflops") is not None for r in records)  # the model counts FLOPs
+    fig, axes = plt.subplots(3 + counted, 1, figsize=(7, 9 + 3 * counted), sharex=True)
     axes[0].plot(steps, [r["ne"] for r in records], label="train NE (step)")
     evals = [r for r in records if "eval_ne" in r]
     if evals:
@@ -79,10 +92,22 @@ def plot(records: list[dict[str, Any]], out_dir: Path) -> list[Path]:
             axes[2].bar(steps, values, bottom=bottom, label=c)
             bottom = [b + v for b, v in zip(bottom, values, strict=True)]
     axes[2].set_ylabel("exposed comm (ms)")
-    axes[2].set_xlabel("step")
     axes[2].legend(fontsize="small")
+    if counted:
+        _throughput(axes[3], steps, records)
+    axes[-1].set_xlabel("step")
     fig.tight_layout()
     out = out_dir / "metrics.png"
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return [out]
+
+
+def _throughput(ax: Any, steps: list[int], records: list[dict[str, Any]]) -> None:
+    """MFU % per step where the peak is known, else the achieved TFLOP/s per GPU."""
+    if all(r.get("mfu_pct") is not None for r in records):
+        ax.plot(steps, [r["mfu_pct"] for r in records])
+        ax.set_ylabel("MFU %")
+    else:
+        ax.plot(steps, [r["tflops"] for r in records])
+        ax.set_ylabel("TFLOP/s per GPU")

@@ -77,10 +77,12 @@ class Trainer:
             run.batch_size * cfg.data.max_uih,  # the most UIH tokens of a batch
         )  # fmt: skip
         self.optimizer, self.default_loss = self.dense.optimizer, has_default_loss(self.model)
-        self.balance = balance_stage(cfg.balance, run, sparse.overlap_comm, self.timer, device)
+        self.balance = balance_stage(
+            cfg.balance, run, sparse.overlap_comm, self.timer, device, self.model
+        )
         self.metrics = StepMetrics(
-            cfg.output, self.rank, run.mode, run.steps, run.warmup, self.timer, group,
-            self.default_loss, append=bool(cfg.checkpoint.resume),
+            cfg.output, self.rank, run, device, self.timer, group, self.default_loss,
+            append=bool(cfg.checkpoint.resume),
         )  # fmt: skip
         self.summary = self.metrics.summary
         self.liveness = Liveness(self.rank, self.world, run.timeout_s)
@@ -145,10 +147,9 @@ class Trainer:
         run, workers = self.cfg.run, self.cfg.data.loader_workers
         loader = Prefetcher(
             self.train_source, self.rank, self.world, run.batch_size, self.device,
-            range(first, run.steps),
+            range(first, run.steps), delay_ms=self.faults.delay_loader_ms, model=self.model,
             host_lengths=host_lengths if self.balance is not None else None,
             workers=workers if workers >= 0 else default_workers(self.device),
-            delay_ms=self.faults.delay_loader_ms,
             validate=partial(find_problem, limits=self.inputs.limits),
         )  # fmt: skip
         try:
@@ -159,8 +160,7 @@ class Trainer:
                 self.balance.close()
 
     def _loop(self, loader: Prefetcher, first: int = 0) -> dict[str, Any] | None:
-        run, metrics = self.cfg.run, self.metrics
-        profiler = self.profiler
+        run, metrics, profiler = self.cfg.run, self.metrics, self.profiler
         if profiler is not None:
             profiler.start()
         else:

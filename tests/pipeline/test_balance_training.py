@@ -31,11 +31,13 @@ def _train(balance: str, mode: str, *extra: str) -> dict:
     trainer = Trainer(build_config("demo", cfg))
     local: list[int] = []  # this rank's balanced batch sizes
     counts: list[torch.Tensor] = []  # this rank's reads of each item row, per step
+    flops: list[tuple] = []  # (the balancer's count from the sizes, the model's on the batch)
     pop = BalanceStage.pop
 
     def recording_pop(stage):
         out = pop(stage)
         local.append(out[0].batch_size)
+        flops.append((out[1].flops, trainer.model.flops(out[0])))
         ids = trainer.model.embedding_inputs(out[0])["item_emb"]
         counts.append(torch.bincount(ids.cpu(), minlength=trainer.cfg.data.num_items))
         return out
@@ -48,6 +50,8 @@ def _train(balance: str, mode: str, *extra: str) -> dict:
         "cfg": trainer.cfg,
         "losses": [s["loss"] for s in trainer.summary.steps],
         "samples": [s["samples"] for s in trainer.summary.steps],
+        "step_tflop": [s["step_tflop"] for s in trainer.summary.steps],
+        "flops": flops,
         "table": trainer.embeddings.full_table("item_emb"),
         "dense": {k: v.detach().clone() for k, v in trainer.model.named_parameters()},
     }
@@ -126,6 +130,10 @@ def _assert_same_run(got: dict, base: dict) -> None:
     exact gradient is zero) can take either sign (`adam_drift`)."""
     cfg, hot = base["cfg"], got["hot"]  # the same global batches: the same reads
     assert got["samples"] == base["samples"]  # nothing lost or duplicated
+    # FLOPs: each balanced batch's, counted on the helper thread from its sizes, is
+    # the model's count of that batch; a step's (all ranks) is the unbalanced one's
+    assert got["flops"] and all(a == b for r in got["ranks"] for a, b in r["flops"])
+    assert got["step_tflop"] == base["step_tflop"]
     dim, layers = cfg.model.options["dim"], cfg.model.options["layers"]
     depth = 2 * BLOCK_DEPTH * layers + 2
     keys = cfg.data.max_uih + cfg.data.max_candidates

@@ -58,6 +58,7 @@ def _quiet(overrides: list[str], preset: str = "demo") -> TrainConfig:
         ("run.mode=fast", "run.mode must be one of sync, sdd, freescale"),
         ("run.warmup=200", r"run.warmup \(200\) must be < run.steps"),
         ("run.timeout_s=0", "run.timeout_s must be a finite number >= 1"),
+        ("run.peak_tflops=-1", "run.peak_tflops must be a finite number >= 0"),
         ("data.max_uih=0", "data: max_uih must be >= 1"),
         ("data.length_median=nan", "data.length_median must be a finite number"),
         ("data.step_overlap=2", r"data: step_overlap must lie in \[0, 1\]"),

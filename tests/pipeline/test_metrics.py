@@ -9,6 +9,7 @@ itself is checked field by field on a hand-built table of unequal ranks.
 import json
 import math
 import statistics
+from dataclasses import replace
 
 import pytest
 import torch
@@ -26,33 +27,35 @@ from freescale.testing.tolerance import reduction_tol
 # column read for another, changes a number. Every value, and every partial sum
 # of the summary's means and sums, is a small dyadic rational: exact in float64
 # in any order, so those fields are compared with ``==`` (they are exact, not
-# close). Only QPS (divides by 0.08 s) and NE (logs) round; they get the
-# tolerance of `freescale.testing.tolerance`.
-def _rank(step, compute, data, exposed, bce, pos, cands, items, samples, part, coll, feats):
+# close). Only QPS and the FLOPs rates (divide by 0.08 s) and NE (logs) round;
+# they get the tolerance of `freescale.testing.tolerance`.
+def _rank(step, compute, data, exposed, bce, pos, cands, items, samples, part, coll, feats, flops):
     return RankStep(
         step_ms=step, compute_ms=compute, data_ms=data,
         exposed=dict(zip(CATEGORIES, exposed, strict=True)), bce_sum=bce, positives=pos,
         candidates=cands, items=items, samples=samples, collision_part_ms=part,
-        collision=coll, features=feats,
+        collision=coll, features=feats, flops=flops,
     )  # fmt: skip
 
 
 RANKS = [  # step, compute, data, exposed (CATEGORIES order), bce, pos, cands, items, samples,
-    #        collision part, (C rows, rows next, C ids, ids next), features (FEATURES order)
+    #        collision part, (C rows, rows next, C ids, ids next), features (FEATURES order),
+    #        FLOPs of the rank's batch
     _rank(60, 16, 8, (2, 4, 1, 0.5, 0.25, 0.125), 3.5, 2, 8, 100, 4, 1.5, (1, 4, 2, 8),
-          (4, 40, 400, 8, 16)),
+          (4, 40, 400, 8, 16), 8e9),
     _rank(80, 36, 0, (0, 2, 3, 0.5, 0.25, 0.375), 1.0, 1, 4, 60, 3, 0.5, (0, 2, 0, 4),
-          (3, 30, 300, 4, 8)),
+          (3, 30, 300, 4, 8), 4e9),
     _rank(70, 56, 4, (6, 0, 1, 1.5, 0.75, 0.125), 2.25, 4, 12, 90, 5, 2.0, (2, 6, 4, 12),
-          (5, 50, 500, 12, 24)),
+          (5, 50, 500, 12, 24), 12e9),
     _rank(50, 26, 20, (0, 6, 3, 1.5, 0.75, 0.375), 0.25, 1, 8, 70, 4, 0.0, (0, 0, 0, 8),
-          (4, 20, 100, 8, 20)),
+          (4, 20, 100, 8, 20), 8e9),
 ]  # fmt: skip
+THROUGHPUT = ("step_tflop", "tflops", "tflops_ranks", "mfu_pct")
 
 
 def test_step_summary_of_unequal_ranks_follows_the_definitions():
     table = torch.stack([r.vector(torch.device("cpu")) for r in RANKS])  # what gather_step returns
-    got = summarize_step(7, table)
+    got = summarize_step(7, table, peak=0.5)
     exact = {
         "step": 7,
         "step_ms": 80.0,  # T_iter: the slowest rank's step (rank 1), not the mean (65)
@@ -73,7 +76,7 @@ def test_step_summary_of_unequal_ranks_follows_the_definitions():
         "samples": 16,
         "items": 320,
     }
-    assert set(got) == {*exact, "qps", "ne"}
+    assert set(got) == {*exact, "qps", "ne", *THROUGHPUT}
     for key, want in exact.items():
         assert got[key] == want, (key, got[key], want)
     assert isinstance(got["samples"], int) and isinstance(got["items"], int)
@@ -84,6 +87,28 @@ def test_step_summary_of_unequal_ranks_follows_the_definitions():
     p = 8 / 32
     entropy = -(p * math.log(p) + (1 - p) * math.log(1 - p))
     assert math.isclose(got["ne"], (7.0 / 32.0) / entropy, rel_tol=tol["rtol"])
+    # FLOPs: the step's is the ranks' sum; a rank's TFLOP/s is its FLOPs per T_iter
+    # (8e9 / 0.08 s = 0.1 TFLOP/s), `tflops` their mean, MFU that mean over the peak
+    assert math.isclose(got["step_tflop"], 0.032, rel_tol=tol["rtol"])
+    for rate, want in zip(got["tflops_ranks"], (0.1, 0.05, 0.15, 0.1), strict=True):
+        assert math.isclose(rate, want, rel_tol=1e-3)  # 4 significant digits
+    assert math.isclose(got["tflops"], 0.1, rel_tol=tol["rtol"])
+    assert math.isclose(got["mfu_pct"], 20.0, rel_tol=tol["rtol"])
+
+
+def test_step_summary_without_a_count_or_a_peak_reports_none():
+    """Null, never a made-up number: a rank without a count nulls every FLOPs
+    field, an unknown peak nulls MFU, a step of no time the rates."""
+    table = torch.stack([r.vector(torch.device("cpu")) for r in RANKS])
+    assert summarize_step(7, table)["mfu_pct"] is None  # no peak (CPU)
+    assert summarize_step(7, table)["tflops"] is not None
+    uncounted = [*RANKS[:3], replace(RANKS[3], flops=None)]
+    table = torch.stack([r.vector(torch.device("cpu")) for r in uncounted])
+    got = summarize_step(7, table, peak=989.0)
+    assert all(got[k] is None for k in THROUGHPUT)
+    idle = RankStep(0.0, 0.0, 0.0, {}, 0.0, 0.0, 0.0, 0.0, 0.0, flops=5e9)
+    got = summarize_step(0, gather_step(idle), peak=989.0)
+    assert got["step_tflop"] == 0.005 and got["tflops"] is None and got["mfu_pct"] is None
 
 
 def test_step_summary_of_an_idle_step_has_no_rates():
@@ -126,6 +151,18 @@ def test_run_summary_averages_the_steps_after_warmup():
     short = RunSummary(warmup=10)
     short.add(_step_record(0))
     assert short.final({})["measured_steps"] == 1 and short.final({})["ne"] is None
+    # no FLOPs counted: the summary's are null, not 0
+    assert all(got[k] is None for k in ("step_tflop", "tflops", "mfu_pct", "peak_tflops"))
+
+
+def test_run_summary_averages_throughput_over_the_measured_steps():
+    summary = RunSummary(warmup=1, peak_tflops=2.0)
+    for step, (flops, ms) in enumerate([(1e12, 1000.0), (2e12, 1000.0), (4e12, 500.0)]):
+        rank = RankStep(ms, ms, 0.0, {}, 1.0, 1, 4, 10, 2, flops=flops)
+        summary.add(summarize_step(step, gather_step(rank), summary.peak_tflops))
+    got = summary.final({})
+    assert got["step_tflop"] == 3.0 and got["tflops"] == 5.0  # steps 1, 2: 2 and 8 TFLOP/s
+    assert got["mfu_pct"] == 250.0 and got["peak_tflops"] == 2.0
 
 
 # ---- runs with injected delays (2 CPU ranks) -------------------------------------

@@ -145,6 +145,12 @@ def test_train_cli_prints_a_json_summary(tmp_path):
     assert summary["steps"] == 6 and summary["world_size"] == 2
     assert set(summary["exposed_comm_ms"]) >= {"ids_a2a", "emb_a2a", "grad_a2a", "dense_allreduce"}
     assert len(metrics.read_text().splitlines()) == 6
+    # the built-in model counts its FLOPs; a CPU has no peak: MFU null, never a guess
+    for line in metrics.read_text().splitlines():
+        step = json.loads(line)
+        assert step["step_tflop"] > 0 and step["tflops"] > 0 and step["mfu_pct"] is None
+        assert len(step["tflops_ranks"]) == 2
+    assert summary["tflops"] > 0 and summary["mfu_pct"] is None and summary["peak_tflops"] is None
     report = subprocess.run(
         [sys.executable, "-m", "freescale.cli.main", "report", str(metrics), "--warmup", "1"],
         capture_output=True,
@@ -153,4 +159,5 @@ def test_train_cli_prints_a_json_summary(tmp_path):
     )
     assert report.returncode == 0, report.stderr
     assert "straggler %" in report.stdout
+    assert "TFLOP/s per GPU" in report.stdout and "MFU" not in report.stdout
     assert (tmp_path / "m" / "report.md").exists()
