@@ -39,7 +39,8 @@ Resume: at the world size of the checkpoint, step ``n`` reads exactly what
 the uninterrupted run read (the stream is a function of the step; reaching
 step ``n`` reads the ``items`` column of the row groups before it to count
 their samples). At another world size: not yet supported, a one-line error.
-No held-out evaluation: ``evaluation.every`` is skipped with a note.
+No held-out evaluation: ``evaluation.every`` is skipped with a note (a split
+directory of ``freescale data split`` evaluates: `freescale.data.split_source`).
 
 Cost: piece sample counts are cached (a few integers per row group); with
 ``data.loader_workers`` > 1 each worker reads every window of its rank's
@@ -183,7 +184,10 @@ def _metadata_int(files: Files, key: str, given: int | None) -> int | None:
 class ParquetStreamSource(SampleStream):
     """A `DataSource` that streams row groups of Parquet files (module docstring)."""
 
-    no_evaluation = "parquet-stream has no held-out split yet: evaluation skipped"
+    no_evaluation = (
+        "parquet-stream data without a held-out split: evaluation skipped "
+        "(freescale data split writes one)"
+    )
 
     def __init__(
         self,

@@ -46,7 +46,7 @@ import numpy as np
 
 from freescale.data.columnar import MAX_ACTIONS, _pyarrow
 from freescale.data.convert import PART, Progress, check_output, clear_output, list_array
-from freescale.data.parquet_stream import OPTIONAL, Files, _list_files, scan_files
+from freescale.data.parquet_stream import OPTIONAL, Files, _list_files, _metadata_int, scan_files
 from freescale.data.readers import DataFormatError
 
 HOLDOUT = 2  # leave-one-out: the validation and the test event
@@ -205,8 +205,6 @@ def _check_apart(spec: str, dst: str | Path) -> None:
 
 
 def _setting(files: Files, key: str, given: int | None, option: str, default: int | None) -> int:
-    from freescale.data.parquet_stream import _metadata_int
-
     value = _metadata_int(files, key, None)
     if value is not None and given is not None and given != value:
         raise ValueError(
@@ -349,11 +347,5 @@ def _check_values(
 
 
 def _typed_list(lengths: np.ndarray, values: np.ndarray, list_type: Any) -> Any:
-    pa = _pyarrow()
-    value_type = list_type.value_type
-    array = list_array(lengths, values, value_type)
-    if pa.types.is_large_list(list_type):
-        return array.cast(list_type)
-    if pa.types.is_large_list(array.type):
-        raise ValueError(f"a row group of over 2**31 events needs large_list columns ({list_type})")
-    return array.cast(list_type)
+    """``values`` cut by ``lengths`` as a list array of ``list_type`` (SRC's own)."""
+    return list_array(lengths, values, list_type.value_type).cast(list_type)

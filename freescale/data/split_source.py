@@ -135,7 +135,6 @@ class SplitStreamSource(ParquetStreamSource):
         sampling = sampling or SequenceSampling()
         if not sampling.holdout:
             raise ValueError(f"{spec}: a split holds out 2 events per user; holdout=0 reads SRC")
-        self.marker = read_marker(spec) or {}
         super().__init__(
             join(spec, PARTS["train"]), replace(sampling, holdout=0), num_items, **options
         )

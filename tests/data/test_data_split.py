@@ -120,6 +120,54 @@ def test_evaluation_batches_counts_and_popularity_equal_the_in_memory_ones(split
                     assert_same_batch(a, split.eval_batch(name, step, rank, world, batch))
 
 
+def _movielens(tmp_path: Path) -> tuple[str, dict, list[str]]:
+    rng = np.random.default_rng(2)
+    lines = [
+        f"{u}::{int(rng.integers(1, 60)) * 3}::{int(rng.integers(1, 11)) / 2}::{int(t)}\n"
+        for u in range(1, 25)
+        for t in rng.permutation(int(rng.integers(1, 9)))
+    ]
+    (tmp_path / "ratings.dat").write_text("".join(lines))
+    return f"movielens:{tmp_path / 'ratings.dat'}", {}, []
+
+
+def _parquet_with_feature(tmp_path: Path) -> tuple[str, dict, list[str]]:
+    rng = np.random.default_rng(3)
+    rows = [int(rng.integers(1, 9)) for _ in range(25)]
+    table = pa.table(
+        {
+            "items": [(rng.integers(0, 30, n) * 11 + 5).tolist() for n in rows],
+            "timestamps": [rng.integers(0, 4, n).tolist() for n in rows],  # ties, unsorted
+            "cat": [rng.integers(0, 6, n).tolist() for n in rows],
+        }
+    )
+    pq.write_table(table, tmp_path / "u.parquet")
+    return f"parquet:{tmp_path / 'u.parquet'}", {"features": "cat:uih"}, ["--features", "cat:uih"]
+
+
+@pytest.mark.parametrize("make", [_movielens, _parquet_with_feature])
+def test_other_readers_convert_and_split_with_their_actions_and_features(tmp_path, capsys, make):
+    spec, options, flags = make(tmp_path)
+    conv, dst = tmp_path / "conv", tmp_path / "split"
+    assert (
+        cli(capsys, "data", "convert", spec, conv, "--files", 2, "--row-group", 3, *flags)[0] == 0
+    )
+    assert cli(capsys, "data", "split", conv, dst)[0] == 0
+    meta = pq.read_schema(dst / "test" / "part-00000.parquet").metadata
+    stream_options = {"features": meta[b"freescale.features"].decode()} if options else {}
+    memory = open_source(spec, None, SAMPLING, options)
+    split = open_source(f"parquet-stream:{dst}", None, SAMPLING, stream_options)
+    assert (split.num_items, split.num_actions) == (memory.num_items, memory.num_actions)
+    assert split.schema == memory.schema
+    assert split.split_counts() == memory.split_counts()
+    assert np.array_equal(split.popularity(), memory.popularity())
+    for name in SPLITS:
+        for step in range(memory.eval_steps(2, 3)):
+            for rank in range(2):
+                a = memory.eval_batch(name, step, rank, 2, 3)
+                assert_same_batch(a, split.eval_batch(name, step, rank, 2, 3))
+
+
 @pytest.mark.parametrize("per_user,stride", [(0, 1), (2, 2)])
 def test_an_epoch_of_the_stream_trains_on_the_in_memory_samples(split_dir, per_user, stride):
     """(user, UIH, positive) of every training sample of one epoch, dealt to 2 ranks."""
@@ -147,7 +195,7 @@ def test_an_epoch_of_the_stream_trains_on_the_in_memory_samples(split_dir, per_u
 
 
 def test_one_trained_model_scores_the_same_on_the_split_and_in_memory(split_dir):
-    """Train 4 steps on the split (the trainer evaluates it), then the plain
+    """Train 2 steps on the split (the trainer evaluates it), then the plain
     model on both sources: the same users, HR@10, NDCG@10, popularity baseline."""
     import freescale
     from freescale.data.source import schema_of
@@ -158,7 +206,7 @@ def test_one_trained_model_scores_the_same_on_the_split_and_in_memory(split_dir)
     text, _, dst = split_dir
     keys = [
         f"data=parquet-stream:{dst}", "data.samples_per_user=0", "data.eval_negatives=20",
-        "data.max_uih=3", "run.nproc=1", "run.steps=4", "run.warmup=1", "run.batch_size=8",
+        "data.max_uih=3", "run.nproc=1", "run.steps=2", "run.warmup=1", "run.batch_size=8",
         "run.device=cpu", "evaluation.every=2", "output.progress=false",
     ]  # fmt: skip
     cfg = build_config("demo", keys)
@@ -172,8 +220,8 @@ def test_one_trained_model_scores_the_same_on_the_split_and_in_memory(split_dir)
     model.eval()
     cpu = torch.device("cpu")
     for name in SPLITS:
-        on_split = evaluate_split(model, split, name, 0, 1, 16, cpu)
-        in_memory = evaluate_split(model, memory, name, 0, 1, 16, cpu)
+        on_split = evaluate_split(model, split, name, 0, 1, 64, cpu)
+        in_memory = evaluate_split(model, memory, name, 0, 1, 64, cpu)
         assert on_split == in_memory
         assert on_split["users"] == len(memory.eval_users) == final[name]["users"]
         for key in ("hr@10", "ndcg@10"):
@@ -181,6 +229,32 @@ def test_one_trained_model_scores_the_same_on_the_split_and_in_memory(split_dir)
     assert popularity_baseline(split, "test") == popularity_baseline(memory, "test")
     assert final["popularity_test"] == popularity_baseline(memory, "test")
     assert final["data"] == memory.split_counts()
+
+
+@pytest.mark.slow
+def test_two_ranks_train_on_the_split_and_eval_reloads_the_checkpoint(split_dir, tmp_path, capsys):
+    """The CLI at 2 ranks (each evaluates its share of the users): the summary's
+    users, counts and popularity baseline are the in-memory ones, and
+    ``freescale eval`` of the checkpoint gives the summary's metrics again."""
+    from freescale.pipeline.evaluation import popularity_baseline
+
+    text, _, dst = split_dir
+    ck = tmp_path / "ck"
+    keys = [
+        f"data=parquet-stream:{dst}", "data.samples_per_user=0", "data.eval_negatives=20",
+        "data.max_uih=3", "run.nproc=2", "run.steps=6", "run.warmup=1", "run.batch_size=4",
+        "evaluation.every=3", "output.progress=false", f"checkpoint.dir={ck}", "checkpoint.every=6",
+    ]  # fmt: skip
+    rc, summary, err = cli(capsys, "train", *[a for k in keys for a in ("--set", k)])
+    assert rc == 0, err
+    memory = open_source(f"sasrec:{text}", None, SAMPLING)
+    final = summary["eval"]
+    assert final["valid"]["users"] == final["test"]["users"] == len(memory.eval_users)
+    assert final["data"] == memory.split_counts()
+    assert final["popularity_test"] == popularity_baseline(memory, "test")
+    rc, again, err = cli(capsys, "eval", ck)
+    assert rc == 0, err
+    assert again["eval"] == final
 
 
 def test_data_stats_streams_a_split_and_a_plain_stream(split_dir, capsys):
