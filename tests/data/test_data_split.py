@@ -87,7 +87,7 @@ def test_convert_writes_the_readers_users_in_order_with_its_ids(split_dir):
 
 
 def test_split_files_hold_train_prefixes_and_targets_last(split_dir):
-    text, _, dst = split_dir
+    text, conv, dst = split_dir
     ds = read_sasrec(text)
     train = pq.read_table(dst / "train").to_pydict()
     valid = pq.read_table(dst / "validation").to_pydict()
@@ -99,6 +99,12 @@ def test_split_files_hold_train_prefixes_and_targets_last(split_dir):
     assert valid["items"] == [full[u][:-1] for u in kept]
     assert valid["later_items"] == [full[u][-1:] for u in kept]
     assert test["items"] == [full[u] for u in kept]
+    for k in range(3):  # SRC's row groups, one at a time
+        groups = pq.ParquetFile(conv / f"part-0000{k}.parquet").metadata.num_row_groups
+        assert (
+            pq.ParquetFile(dst / "train" / f"part-0000{k}.parquet").metadata.num_row_groups
+            == groups
+        )
     marker = json.loads((dst / "_split.json").read_text())
     assert marker["users"] == len(full) and marker["eval_users"] == len(kept)
 
