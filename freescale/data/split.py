@@ -25,11 +25,12 @@ popularity baseline's. ``parquet-stream:DST`` reads it all
 Out of core: one input row group at a time (read, checked, sorted by
 ``timestamps``, cut, appended to the three outputs), so memory is bounded by
 a row group. SRC file ``k`` becomes ``part-0000k.parquet`` of each output;
-``train`` keeps SRC's row groups. Every list column of SRC is cut with the
-events; other columns (``user_id``) are copied per row. Rows are checked as
-the stream checks them (equal list lengths, no null, no negative id,
-items below ``num_items``, actions below ``num_actions``), one line naming
-the file, row group and row. ``num_items`` / ``num_actions``: SRC's metadata
+``train`` keeps SRC's row groups. Every list column of SRC (lists of
+integers, one per event) is cut with the events; other columns
+(``user_id``) are copied per row. Rows are checked as the stream checks
+them (equal list lengths, no null, no negative id, items below
+``num_items``, actions below ``num_actions``), one line naming the file,
+row group and row. ``num_items`` / ``num_actions``: SRC's metadata
 ``freescale.num_items`` / ``freescale.num_actions``, else the options (the
 stream's defaults for actions); every output file's metadata carries them.
 """
