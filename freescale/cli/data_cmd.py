@@ -6,10 +6,13 @@ import argparse
 import json
 import time
 
+from freescale.cli import split_cmd
 from freescale.data.distributions import LengthDistribution
+from freescale.data.parquet_stream import ParquetStreamSource
 from freescale.data.sequences import SequenceSampling
 from freescale.data.source import open_source
-from freescale.data.stats import collect_stats, format_table, rows_as_dicts
+from freescale.data.split_source import stream_counts
+from freescale.data.stats import StreamedSamples, collect_stats, format_table, rows_as_dicts
 from freescale.data.synthetic import SyntheticConfig
 
 DEFAULT_MAX_UIH = "1000,2000,4000,8000,16000,21000"
@@ -43,7 +46,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     stats.add_argument(
-        "--source", default="synthetic", help="synthetic | sasrec:PATH | movielens:PATH"
+        "--source",
+        default="synthetic",
+        help="synthetic | sasrec:PATH | movielens:PATH | parquet:PATH | csv:PATH | "
+        "parquet-stream:PATH (streamed: --steps global batches, default 8)",
     )
     stats.add_argument(
         "--max-uih",
@@ -61,7 +67,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--steps",
         type=positive_int,
         default=None,
-        help="consecutive global batches to measure (default: synthetic 8, a file all of it)",
+        help="consecutive global batches to measure (default: synthetic and streamed 8, "
+        "a file all of it)",
     )
     stats.add_argument(
         "--shards",
@@ -89,6 +96,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     stats.add_argument("--seed", type=int, default=0)
     stats.set_defaults(run=run_stats)
+    split_cmd.register(data_sub)
 
 
 def run_stats(args: argparse.Namespace) -> int:
@@ -105,13 +113,20 @@ def run_stats(args: argparse.Namespace) -> int:
         # file data in the order training reads it (its default shuffled epochs)
         SequenceSampling(max_uih=max(args.max_uih), shuffle=True, seed=args.seed),
     )
-    if not hasattr(source, "raw_sample"):  # streamed data: statistics need a pass of their own
-        raise ValueError(f"data stats does not read {args.source.partition(':')[0]} data yet")
-    file_data = hasattr(source, "steps_per_epoch")
+    streamed = isinstance(source, ParquetStreamSource)  # one stream per rank
+    file_data = streamed or hasattr(source, "steps_per_epoch")
+    counts = stream_counts(source) if streamed else source.split_counts() if file_data else {}
     steps, coverage = {}, {}
     for b in args.batch_size:
         steps[b] = args.steps or 8
-        if file_data:  # one pass over the training samples, or less if --steps says so
+        if streamed:  # --steps global batches (default 8) of the streams training reads
+            source.check_world(args.world_size, b)
+            read = steps[b] * args.world_size * b
+            coverage[b] = {
+                "samples_read": read,
+                "fraction_read": read / max(counts["train_samples"], 1),
+            }
+        elif file_data:  # one pass over the training samples, or less if --steps says so
             available = source.steps_per_epoch(args.world_size, b)
             if available < 2:
                 raise ValueError(
@@ -123,7 +138,13 @@ def run_stats(args: argparse.Namespace) -> int:
             coverage[b] = {"samples_read": read, "fraction_read": read / len(source)}
     shards = args.shards or args.world_size
     start = time.perf_counter()
-    rows = collect_stats(source, args.max_uih, args.batch_size, args.world_size, steps, shards)
+    if streamed:
+        rows = []
+        for b in args.batch_size:
+            numbered = StreamedSamples(source, args.world_size, b)
+            rows += collect_stats(numbered, args.max_uih, [b], args.world_size, steps, shards)
+    else:
+        rows = collect_stats(source, args.max_uih, args.batch_size, args.world_size, steps, shards)
     print(
         f"data: {args.source}  world_size={args.world_size}  shards={shards}"
         f"  ({time.perf_counter() - start:.1f} s)"
@@ -137,17 +158,20 @@ def run_stats(args: argparse.Namespace) -> int:
         "rows": rows_as_dicts(rows),
     }
     if file_data:
-        counts = source.split_counts()
         print(
             f"users: {counts['users']}, {counts['users_dropped']} dropped as too short; "
             f"{counts['train_samples']} training samples (leave-one-out split: the last two "
             f"interactions of each user are held out)"
         )
+        total = counts["train_samples"]
         for b, c in coverage.items():
+            if streamed:
+                why = f": {steps[b]} global batches (--steps) of the ranks' streams"
+            else:
+                why = "" if c["fraction_read"] == 1 else ": the rest does not fill a global batch"
             print(
-                f"batch {b}: read {c['samples_read']} of {len(source)} training samples "
-                f"({100 * c['fraction_read']:.2f}%)"
-                + ("" if c["fraction_read"] == 1 else ": the rest does not fill a global batch")
+                f"batch {b}: read {c['samples_read']} of {total} training samples "
+                f"({100 * c['fraction_read']:.2f}%){why}"
             )
         summary.update(split=counts, coverage={str(b): c for b, c in coverage.items()})
     print(format_table(rows))

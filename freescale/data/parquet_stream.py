@@ -48,7 +48,8 @@ chain of resumes (the checkpoint records the world sizes by step), the
 samples read in an epoch hold no repeat, and an epoch every rank has passed
 was read whole. Finding where each old rank stood counts the samples of
 the row groups every old rank read (their ``items`` column).
-No held-out evaluation: ``evaluation.every`` is skipped with a note.
+No held-out evaluation: ``evaluation.every`` is skipped with a note (a split
+directory of ``freescale data split`` evaluates: `freescale.data.split_source`).
 
 Checks: footers at construction (`scan_files`); then, before step 0, every
 row (``data.check=on``, the default; `check_rows`, `freescale.data.stream_check`:
@@ -200,7 +201,10 @@ def _metadata_int(files: Files, key: str, given: int | None) -> int | None:
 class ParquetStreamSource(SegmentedStream):
     """A `DataSource` that streams row groups of Parquet files (module docstring)."""
 
-    no_evaluation = "parquet-stream has no held-out split yet: evaluation skipped"
+    no_evaluation = (
+        "parquet-stream data without a held-out split: evaluation skipped "
+        "(freescale data split writes one)"
+    )
 
     def __init__(
         self,

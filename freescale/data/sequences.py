@@ -164,13 +164,9 @@ class SequenceSource(SampleStream):
     def eval_sample(self, split: str, j: int) -> RawSample:
         u, t = self.eval_target(split, j)
         h = self.dataset.users[u]
-        lo = max(0, t - self.sampling.max_uih)
-        rng = np.random.default_rng([EVAL_SEED, SPLITS.index(split), j])
-        neg = eval_negatives(rng, h.items, self.num_items, self.sampling.eval_negatives)
-        cand = np.concatenate([h.items[t : t + 1], neg])
-        labels = np.zeros(cand.size)
-        labels[0] = 1.0
-        return self._raw(h, lo, t, cand, labels)
+        return evaluation_sample(
+            h, t, h.items, split, j, self.sampling, self.num_items, self.dataset.item_features
+        )
 
     def eval_batch(
         self, split: str, step: int, rank: int, world_size: int, batch_size: int
@@ -191,10 +187,28 @@ class SequenceSource(SampleStream):
             np.add.at(counts, h.items[: max(h.items.size - self.sampling.holdout, 0)], 1)
         return counts
 
-    def _raw(
-        self, h: UserHistory, lo: int, t: int, cand: np.ndarray, labels: np.ndarray
-    ) -> RawSample:
-        return history_sample(h, lo, t, cand, labels, self.dataset.item_features)
+
+def evaluation_sample(
+    h: UserHistory,
+    t: int,
+    seen: np.ndarray,
+    split: str,
+    j: int,
+    s: SequenceSampling,
+    num_items: int,
+    item_features: dict[str, np.ndarray],
+) -> RawSample:
+    """Evaluated user ``j``'s sample of ``split``: UIH = the (at most ``max_uih``)
+    events of ``h`` before its target ``t``; candidates = the target plus
+    ``eval_negatives`` items not in ``seen`` (all the user's items), drawn
+    with (``EVAL_SEED``, split, j). The in-memory and the split sources share it."""
+    lo = max(0, t - s.max_uih)
+    rng = np.random.default_rng([EVAL_SEED, SPLITS.index(split), j])
+    neg = eval_negatives(rng, seen, num_items, s.eval_negatives)
+    cand = np.concatenate([h.items[t : t + 1], neg])
+    labels = np.zeros(cand.size)
+    labels[0] = 1.0
+    return history_sample(h, lo, t, cand, labels, item_features)
 
 
 def training_targets(n: int, s: SequenceSampling) -> range:

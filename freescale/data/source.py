@@ -8,9 +8,9 @@ from typing import Any, Protocol
 
 from freescale.data.columnar import read_columns
 from freescale.data.parquet_stream import OPTIONS as STREAM_OPTIONS
-from freescale.data.parquet_stream import ParquetStreamSource
 from freescale.data.readers import read_movielens, read_sasrec
 from freescale.data.sequences import SequenceSampling, SequenceSource
+from freescale.data.split_source import open_stream
 from freescale.data.synthetic import SyntheticConfig, SyntheticSource
 from freescale.jagged.batch import SampleBatch
 from freescale.jagged.schema import DataSchema
@@ -21,7 +21,8 @@ READERS = {
     "parquet": partial(read_columns, fmt="parquet"),
     "csv": partial(read_columns, fmt="csv"),
 }
-STREAMS = {"parquet-stream": ParquetStreamSource}  # read piece by piece, never whole
+# read piece by piece, never whole; a split directory (`freescale data split`) evaluates too
+STREAMS = {"parquet-stream": open_stream}
 FILE_SPECS = ", ".join(f"'{k}:PATH'" for k in (*READERS, *STREAMS))
 BUILTIN_KINDS = ("synthetic", *READERS, *STREAMS)
 # The ``data.KEY=VALUE`` options each built-in source takes (docs/train-on-your-data.md).
@@ -67,7 +68,8 @@ def open_source(
 ) -> DataSource:
     """``synthetic`` | ``sasrec:PATH`` | ``movielens:PATH`` (ratings.dat or .csv) |
     ``parquet:PATH`` | ``csv:PATH`` (one row per user with list columns; needs pyarrow) |
-    ``parquet-stream:PATH`` (the same layout, streamed: `freescale.data.parquet_stream`).
+    ``parquet-stream:PATH`` (the same layout, streamed: `freescale.data.parquet_stream`;
+    a split directory: `freescale.data.split_source`).
 
     ``options``: the source's ``data.KEY=VALUE`` options (`OPTIONS`; Parquet
     and CSV take ``features``, `freescale.data.columnar`); any other is an error."""

@@ -62,6 +62,22 @@ class StatsRow:
     frac_over_2000: float
 
 
+class StreamedSamples:
+    """A streamed source (`freescale.data.parquet_stream`: one stream per rank)
+    numbered like a file source for `collect_stats`: sample ``g`` is sample
+    ``i`` of rank ``r``'s batch at global step ``s``, with ``g = (s * W + r) * B + i``."""
+
+    def __init__(self, source, world_size: int, batch_size: int) -> None:
+        self.source, self.world_size, self.batch_size = source, world_size, batch_size
+        self.num_items = source.num_items
+
+    def raw_sample(self, g: int, max_uih: int | None = None):
+        """The sample the run would read (at the source's own ``max_uih``)."""
+        step, rest = divmod(g, self.world_size * self.batch_size)
+        rank, i = divmod(rest, self.batch_size)
+        return self.source.sample(step * self.batch_size + i, rank, self.world_size)[1]
+
+
 def collect_stats(
     source,
     max_uih_list: list[int],

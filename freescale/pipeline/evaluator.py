@@ -45,8 +45,8 @@ class Evaluator:
 
     @property
     def skipped(self) -> str:
-        """Why this source is not evaluated ('' when it is): a streamed source
-        has no held-out split yet (`freescale.data.parquet_stream`)."""
+        """Why this source is not evaluated ('' when it is): streamed data
+        without a split directory (`freescale.data.parquet_stream`)."""
         return getattr(self.source, "no_evaluation", "")
 
     def due(self, step: int, steps: int) -> bool:

@@ -1,0 +1,189 @@
+"""``freescale data convert``: a file the in-memory readers take -> the ``parquet-stream`` layout.
+
+The source is read by its in-memory reader (`freescale.data.source.READERS`:
+``sasrec:``, ``movielens:``, ``parquet:``, ``csv:``), so the users, their
+order, the remapped item ids and ``num_items`` / ``num_actions`` are exactly
+the in-memory source's: a model trained on one is evaluated on the other
+with the same ids. The destination is a directory of ``files`` Parquet files
+(``part-00000.parquet`` ...; users dealt in contiguous runs, in the reader's
+order) with row groups of ``row_group`` rows and the columns
+
+- ``user_id``: the user's index in the reader's order (0, 1, ...);
+- ``items``, ``actions``, ``timestamps``: list columns, events in time order
+  (``timestamps``: the reader's; a SASRec file's are line numbers);
+- the ``uih``-level columns of ``features`` (Parquet / CSV sources);
+
+and the file metadata ``freescale.num_items``, ``freescale.num_actions``,
+``freescale.source`` (the spec read) and, with features,
+``freescale.features`` (``NAME:uih:ROWS,...``, the value to give ``data.features``).
+
+`check_output` / `clear_output` are shared with `freescale.data.split`: a
+destination that exists and is not empty is refused unless ``force``, and
+``force`` only ever replaces what a previous run of the same command wrote.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from freescale.data.columnar import _pyarrow, parse_features
+from freescale.data.readers import SequenceDataset, check_file
+
+PART = "part-{:05d}.parquet"
+PART_RE = re.compile(r"part-\d{5}\.parquet")
+
+
+class Progress:
+    """A progress line on stderr at most every ``every`` seconds (``say`` replaces it)."""
+
+    def __init__(self, say: Callable[[str], None] | None = None, every: float = 2.0) -> None:
+        self.say = say or (lambda msg: print(msg, file=sys.stderr, flush=True))
+        self.every, self.last = every, time.monotonic()
+
+    def __call__(self, msg: str, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or now - self.last >= self.every:
+            self.say(msg)
+            self.last = now
+
+
+def check_output(dst: str | Path, owned: Callable[[str], bool], force: bool, what: str) -> Path:
+    """``dst`` as a Path if ``what`` may write there: absent, an empty directory,
+    or (``force``) a directory holding only names ``owned`` (an earlier output)."""
+    dst = Path(dst)
+    if "://" in str(dst):
+        raise ValueError(f"{what}: DST {dst} must be a local directory")
+    if dst.exists() and not dst.is_dir():
+        raise ValueError(f"{what}: DST {dst} exists and is not a directory")
+    entries = sorted(p.name for p in dst.iterdir()) if dst.exists() else []
+    if entries and not force:
+        raise ValueError(
+            f"{what}: DST {dst} is not empty ({len(entries)} entries): choose a new or empty "
+            "directory, or --force to replace an earlier output of this command"
+        )
+    foreign = [name for name in entries if not owned(name)]
+    if foreign:
+        raise ValueError(
+            f"{what}: --force replaces only an earlier output of this command, but DST {dst} "
+            f"also holds {foreign[0]!r}: remove it yourself"
+        )
+    return dst
+
+
+def clear_output(dst: Path, owned: Callable[[str], bool]) -> None:
+    """Remove the ``owned`` entries of ``dst`` (checked by `check_output`) and create it."""
+    if dst.exists():
+        for entry in dst.iterdir():
+            if owned(entry.name):
+                shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+    dst.mkdir(parents=True, exist_ok=True)
+
+
+def list_array(lengths: np.ndarray, values: np.ndarray, value_type: Any = None) -> Any:
+    """A list array of ``values`` cut by ``lengths`` (large offsets when needed)."""
+    pa = _pyarrow()
+    offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+    flat = pa.array(values, type=value_type)
+    if offsets[-1] < 2**31:
+        return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), flat)
+    return pa.LargeListArray.from_arrays(pa.array(offsets), flat)
+
+
+def convert(
+    spec: str,
+    dst: str | Path,
+    files: int = 1,
+    row_group: int = 10_000,
+    features: str | None = None,
+    force: bool = False,
+    say: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Write ``spec``'s users to ``dst`` (module docstring); a summary of what was written."""
+    from freescale.data.source import READERS
+
+    kind, _, path = spec.partition(":")
+    if kind not in READERS or not path:
+        specs = " | ".join(f"{k}:PATH" for k in READERS)
+        raise ValueError(f"data convert reads {specs}; got {spec!r}")
+    if files < 1 or row_group < 1:
+        raise ValueError(f"--files and --row-group must be >= 1, got {files}, {row_group}")
+    wanted = parse_features(features)
+    if wanted and kind not in ("parquet", "csv"):
+        raise ValueError(f"--features: {kind}: files have no extra columns (parquet: and csv: do)")
+    per_item = [f"{n}:{lv}" for n, lv, _ in wanted if lv != "uih"]
+    if per_item:
+        raise ValueError(
+            f"--features {per_item[0]}: parquet-stream reads uih-level features only "
+            "(a candidates-level one is a table over every item)"
+        )
+    check_file(path)
+    out = check_output(dst, PART_RE.fullmatch, force, "data convert")
+    progress = Progress(say)
+    progress(f"data convert: reading {spec}", force=True)
+    dataset = READERS[kind](path, **({"features": features} if wanted else {}))
+    users = len(dataset.users)
+    if not users:
+        raise ValueError(f"data convert: {spec} holds no user")
+    if files > users:
+        raise ValueError(f"data convert: --files {files} > {users} users")
+    clear_output(out, PART_RE.fullmatch)
+    metadata = {
+        "freescale.num_items": str(dataset.num_items),
+        "freescale.num_actions": str(dataset.num_actions),
+        "freescale.source": spec,
+    }
+    if dataset.features:
+        metadata["freescale.features"] = ",".join(
+            f"{f.name}:uih:{f.rows}" for f in dataset.features
+        )
+    bounds = np.linspace(0, users, files + 1).astype(np.int64).tolist()
+    events = groups = 0
+    for k in range(files):
+        lo, hi = bounds[k], bounds[k + 1]
+        events += _write_part(out / PART.format(k), dataset, lo, hi, row_group, metadata)
+        groups += -(-(hi - lo) // row_group)
+        progress(f"data convert: {k + 1}/{files} files, {hi}/{users} users", force=k + 1 == files)
+    return {
+        "users": users,
+        "items": dataset.num_items,
+        "actions": dataset.num_actions,
+        "events": events,
+        "files": files,
+        "row_groups": groups,
+        "dst": str(out),
+    }
+
+
+def _write_part(
+    path: Path, dataset: SequenceDataset, lo: int, hi: int, row_group: int, metadata: dict
+) -> int:
+    """Users ``[lo, hi)`` as one Parquet file; its event count."""
+    pa = _pyarrow()
+    import pyarrow.parquet as pq
+
+    histories = dataset.users[lo:hi]
+    lengths = np.array([h.items.size for h in histories], dtype=np.int64)
+
+    def column(get: Callable[[Any], np.ndarray]) -> Any:
+        values = [get(h) for h in histories]
+        return list_array(lengths, np.concatenate(values).astype(np.int64), pa.int64())
+
+    table = pa.table(
+        {
+            "user_id": np.arange(lo, hi, dtype=np.int64),
+            "items": column(lambda h: h.items),
+            "actions": column(lambda h: h.actions),
+            "timestamps": column(lambda h: h.timestamps),
+            **{f.name: column(lambda h, n=f.name: h.features[n]) for f in dataset.features},
+        }
+    ).replace_schema_metadata(metadata)
+    pq.write_table(table, path, row_group_size=row_group)
+    return int(lengths.sum())
