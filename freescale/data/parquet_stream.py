@@ -326,6 +326,12 @@ class ParquetStreamSource(SegmentedStream):
         rng = np.random.default_rng([self.sampling.seed, 0x57E, epoch, sid])
         return sid, training_sample(history, t, self.sampling, self.num_items, rng, {})
 
+    def sample_at(self, q: int, rank: int, world_size: int) -> tuple[int, Any]:
+        """(id, `RawSample`) at position ``q`` of ``rank``'s stream in a run that
+        started at ``world_size`` ranks (its first segment)."""
+        key, stream, _ = self.rank_stream(0, rank, world_size, 1)
+        return self.sample(q, key, stream)
+
     # ---- reading -------------------------------------------------------------
     def _read(self, piece: int, columns: list[str]) -> Any:
         pa = _pyarrow()

@@ -75,7 +75,7 @@ class StreamedSamples:
         """The sample the run would read (at the source's own ``max_uih``)."""
         step, rest = divmod(g, self.world_size * self.batch_size)
         rank, i = divmod(rest, self.batch_size)
-        return self.source.sample(step * self.batch_size + i, rank, self.world_size)[1]
+        return self.source.sample_at(step * self.batch_size + i, rank, self.world_size)[1]
 
 
 def collect_stats(

@@ -193,7 +193,7 @@ def test_an_epoch_of_the_stream_trains_on_the_in_memory_samples(split_dir, per_u
     for rank in range(2):
         share = sum(split._count(p) for p in split.share(0, rank, 2).tolist())
         for q in range(share):
-            sid, sample = split.sample(q, rank, 2)
+            sid, sample = split.sample_at(q, rank, 2)
             f, row, _ = split_sample_id(sid)
             positive = int(sample.cand_ids[sample.labels == 1][0])
             got[(users[f][row], tuple(sample.uih_ids.tolist()), positive)] += 1
