@@ -374,8 +374,23 @@ class ParquetStreamSource(SegmentedStream):
         return out
 
     def _histories(self, piece: int) -> list[tuple[int, UserHistory]]:
-        """(row in file, checked history) of every row of a piece."""
+        """(row in file, checked history) of every row of a piece: numpy slices of
+        whole columns (`stream_check.batch_problem` checks all rows at once); a
+        record batch with a bad row goes through the per-row reference, whose
+        error names it."""
+        from freescale.data.stream_check import ListColumn, RowRules, batch_problem
+
         table = self._read(piece, self.files.columns)
+        rules, first, out = RowRules.of(self), int(self.files.piece_first[piece]), []
+        for batch in table.to_batches():
+            if batch_problem(batch, rules) is not None:
+                return self._reference_histories(piece, table)
+            columns = {c: ListColumn.of(batch.column(c)) for c in self.files.columns}
+            out += _sliced_histories(columns, first + len(out), self.extra)
+        return out
+
+    def _reference_histories(self, piece: int, table: Any) -> list[tuple[int, UserHistory]]:
+        """`_histories` row by row through the in-memory reader's checks."""
         path = self.files.paths[self.files.piece_file[piece]]
         group = int(self.files.piece_group[piece])
         first = int(self.files.piece_first[piece])
@@ -401,6 +416,30 @@ class ParquetStreamSource(SegmentedStream):
                     where,
                     f"{column} value {int(values.max())} is outside 0..{limit - 1} ({setting})",
                 )
+
+
+def _sliced_histories(columns: dict[str, Any], first: int, extra: list[str]) -> list:
+    """(row, `UserHistory`) of checked rows: each a slice of its columns' values,
+    sorted by timestamp (stably) only where a row is out of order, as `_history` does."""
+    values = {c: np.array(col.values, dtype=np.int64) for c, col in columns.items()}
+    offsets = columns["items"].offsets.tolist()
+    stamps = values.get("timestamps")
+    out = []
+    for r in range(len(offsets) - 1):
+        lo, hi = offsets[r], offsets[r + 1]
+        n = hi - lo
+        row = {c: v[lo:hi] for c, v in values.items()}
+        if stamps is not None and n > 1 and (np.diff(row["timestamps"]) < 0).any():
+            order = np.argsort(row["timestamps"], kind="stable")
+            row = {c: v[order] for c, v in row.items()}
+        history = UserHistory(
+            row["items"],
+            row["actions"] if "actions" in row else np.zeros(n, dtype=np.int64),
+            row["timestamps"] if stamps is not None else np.arange(n, dtype=np.int64),
+            {c: row[c] for c in extra},
+        )
+        out.append((first + r, history))
+    return out
 
 
 def _switch(name: str, value: bool | str) -> bool:

@@ -73,7 +73,7 @@ class RowRules:
 
 # ---- one batch of rows -------------------------------------------------------
 @dataclass
-class _Column:
+class ListColumn:
     """A list column of a record batch as numpy: its offsets (from 0), values
     (nulls as 0) and where the nulls are (None: no null)."""
 
@@ -83,7 +83,7 @@ class _Column:
     null_values: np.ndarray | None
 
     @staticmethod
-    def of(array: Any) -> _Column:
+    def of(array: Any) -> ListColumn:
         offsets = array.offsets.to_numpy().astype(np.int64)  # absolute into array.values
         values = array.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
         offsets -= offsets[0]
@@ -95,7 +95,7 @@ class _Column:
         if numbers.dtype != np.uint64:  # uint64 stays: its values may not fit an int64
             numbers = numbers.astype(np.int64, copy=False)
         null_rows = array.is_null().to_numpy(zero_copy_only=False) if array.null_count else None
-        return _Column(offsets, numbers, null_rows, null_values)
+        return ListColumn(offsets, numbers, null_rows, null_values)
 
     def lengths(self) -> np.ndarray:
         return np.diff(self.offsets)
@@ -130,7 +130,7 @@ def _bad_values(name: str, values: np.ndarray, rules: RowRules) -> np.ndarray:
 
 def batch_problem(batch: Any, rules: RowRules) -> tuple[int, str] | None:
     """(row in ``batch``, what is wrong) of its first bad row (module docstring), else None."""
-    columns = {c: _Column.of(batch.column(c)) for c in rules.columns}
+    columns = {c: ListColumn.of(batch.column(c)) for c in rules.columns}
     items = columns["items"].lengths()
     first: list[int] = []
     for name, col in columns.items():
@@ -151,7 +151,7 @@ def batch_problem(batch: Any, rules: RowRules) -> tuple[int, str] | None:
     return row, _row_problem(columns, row, rules)
 
 
-def _row_problem(columns: dict[str, _Column], r: int, rules: RowRules) -> str:
+def _row_problem(columns: dict[str, ListColumn], r: int, rules: RowRules) -> str:
     """What is wrong with row ``r``: the first failing check, worded as the
     per-row code words it (`columnar._history`, `ParquetStreamSource._check_range`)."""
     rows = {c: col.row(r) for c, col in columns.items()}
@@ -243,7 +243,7 @@ def piece_problem(table: Any, path: str, group: int, first: int, rules: RowRules
             row, why = found
             return str(DataFormatError(path, f"row group {group}, row {first + offset + row}", why))
         if targets is None:
-            items = _Column.of(batch.column("items")).lengths()
+            items = ListColumn.of(batch.column("items")).lengths()
             hit = target_problem(items, rules)
             if hit is not None:
                 targets = (offset + hit[0], hit[1])

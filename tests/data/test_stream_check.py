@@ -3,6 +3,8 @@ on random corruptions it finds exactly the first problem the per-row reading
 code (`ParquetStreamSource._histories`) raises, with the same line; ranks
 share the pieces and agree on the first one in piece order."""
 
+from functools import partial
+
 import numpy as np
 import pytest
 
@@ -116,10 +118,57 @@ def _reference(source):
     """The first problem of the per-row reading code, pieces in order."""
     for piece in range(source.files.piece_rows.size):
         try:
-            source._histories(piece)
+            source._reference_histories(piece, source._read(piece, source.files.columns))
         except DataFormatError as e:
             return str(e)
     return None
+
+
+def _outcome(read, piece):
+    try:
+        return [(r, h.items, h.actions, h.timestamps, h.features) for r, h in read(piece)]
+    except DataFormatError as e:
+        return str(e)
+
+
+def test_the_sliced_histories_equal_the_per_row_reference(tmp_path):
+    """The stream's fast read (numpy slices of whole columns) gives the per-row
+    code's histories, dtype and order included (unsorted timestamps, empty rows,
+    int16/int32 columns, features, no optional column), or its error."""
+    rng = np.random.default_rng(7)
+    outcomes = set()
+    for case in range(60):
+        rows = _rows(rng, int(rng.integers(1, 40)))
+        for _ in range(int(rng.integers(0, 3))):
+            kind = "unsorted timestamps" if rng.random() < 0.5 else str(rng.choice(KINDS))
+            _corrupt(rng, rows[int(rng.integers(0, len(rows)))], kind)
+        if rng.random() < 0.2:  # items only: no actions, timestamps or features
+            rows = [{"items": r["items"]} for r in rows if r["items"] is not None]
+        directory = tmp_path / f"c{case}"
+        directory.mkdir()
+        if rows and len(rows[0]) == 1:
+            pq.write_table(pa.Table.from_pylist(rows), directory / "a.parquet", row_group_size=4)
+            source = _source(directory)
+        else:
+            _write(directory / "a.parquet", rng, rows, int(rng.integers(1, 9)))
+            source = _source(directory, features=f"shop:uih:{SHOP_ROWS}")
+        for piece in range(source.files.piece_rows.size):
+            table = source._read(piece, source.files.columns)
+            fast = _outcome(source._histories, piece)
+            ref = _outcome(partial(source._reference_histories, table=table), piece)
+            if isinstance(ref, str):
+                assert fast == ref
+                outcomes.add("error")
+                continue
+            assert len(fast) == len(ref)
+            for a, b in zip(fast, ref, strict=True):
+                assert a[0] == b[0]
+                for x, y in zip(a[1:4], b[1:4], strict=True):
+                    assert x.dtype == y.dtype == np.int64 and np.array_equal(x, y)
+                assert a[4].keys() == b[4].keys()
+                assert all(np.array_equal(a[4][k], b[4][k]) for k in a[4])
+            outcomes.add("rows")
+    assert outcomes == {"rows", "error"}
 
 
 def test_the_vectorized_check_finds_the_per_row_codes_first_problem(tmp_path):
