@@ -421,7 +421,7 @@ class ParquetStreamSource(SegmentedStream):
 def _sliced_histories(columns: dict[str, Any], first: int, extra: list[str]) -> list:
     """(row, `UserHistory`) of checked rows: each a slice of its columns' values,
     sorted by timestamp (stably) only where a row is out of order, as `_history` does."""
-    values = {c: np.array(col.values, dtype=np.int64) for c, col in columns.items()}
+    values = {c: np.asarray(col.values, dtype=np.int64) for c, col in columns.items()}
     offsets = columns["items"].offsets.tolist()
     stamps = values.get("timestamps")
     out = []
