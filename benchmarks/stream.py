@@ -14,9 +14,9 @@ reader on one file of the same rows (its comparison row).
 
 ``rate`` (``params.rate``, GPU): one training run at the preset on a
 ``parquet-stream`` dataset (step time, data wait from the summary), then the
-same loader stage alone (`freescale.pipeline.loader.StepBatches` in a
-DataLoader with the trainer's default worker count, packed batches) over the
-same steps: its batches/s over the trainer's steps/s is ``loader_vs_step``.
+same loader stage alone (`freescale.pipeline.loader.Prefetcher`, as the
+trainer builds it: default worker count, packed batches, copies to the
+device) over the same steps: its batches/s over the trainer's steps/s is ``loader_vs_step``.
 """
 
 from __future__ import annotations
@@ -183,11 +183,10 @@ def judge_memory(rows: list[dict[str, Any]], limit_mb: float, flat: float) -> No
 def rate_row(s: Scenario, ctx: Ctx, data: Path) -> dict[str, Any]:
     """One GPU training run on streamed data, then its loader stage alone."""
     import torch
-    from torch.utils.data import DataLoader
 
     from freescale.pipeline.config import build_config
     from freescale.pipeline.launch import launch
-    from freescale.pipeline.loader import StepBatches, _worker_init, default_workers
+    from freescale.pipeline.loader import Prefetcher, default_workers, steps_per_read
     from freescale.pipeline.setup import make_source
 
     from .train import single_rank
@@ -207,22 +206,25 @@ def rate_row(s: Scenario, ctx: Ctx, data: Path) -> dict[str, Any]:
     workers = default_workers(device) if workers < 0 else workers
     source = make_source(cfg.data, cfg.run.seed)  # the trainer's own source
     steps = range(cfg.run.steps)
-    batches = StepBatches(source, 0, 1, cfg.run.batch_size, steps, packed=device.type == "cuda")
-    loader = DataLoader(batches, batch_size=None, num_workers=workers,
-                        prefetch_factor=2 if workers else None,
-                        worker_init_fn=_worker_init if workers else None,
-                        multiprocessing_context="fork" if workers else None)  # fmt: skip
-    it = iter(loader)
-    next(it)  # workers started, first windows read
-    start = time.perf_counter()
-    n = sum(1 for _ in it)
+    loader = Prefetcher(source, 0, 1, cfg.run.batch_size, device, steps, workers=workers)
+    loader.get()  # workers started, first windows read
+    start, n = time.perf_counter(), 0
+    try:
+        while True:
+            loader.get()
+            n += 1
+    except StopIteration:
+        pass
     loader_ms = (time.perf_counter() - start) * 1000 / max(n, 1)
+    loader.close()
+    group = steps_per_read(source, cfg.run.batch_size, workers)
     return {
         "case": f"{p['preset']} b{cfg.run.batch_size} {p['rate']}",
         "point": {"dataset": p["rate"]},
         "events": info["events"],
         "files": info["files"],
         "loader_workers": workers,
+        "steps_per_read": group,
         "step_ms": round(step_ms, 2),
         "data_wait_ms": summary.get("data_wait_ms"),
         "data_wait_ms_max": summary.get("data_wait_ms_max"),

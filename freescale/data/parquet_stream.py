@@ -259,6 +259,12 @@ class ParquetStreamSource(SegmentedStream):
                     "one (write smaller row groups or more files)"
                 )
 
+    def steps_per_read(self, batch_size: int) -> int:
+        """Consecutive steps a loader worker should build (`loader.steps_per_read`):
+        about a window's samples, so a window is decoded by one or two workers
+        rather than by every worker whose steps touch it."""
+        return max(1, min(16, self.shuffle_buffer // max(1, batch_size)))
+
     def check_rows(self, rank: int, world_size: int) -> Any:
         """This rank's share of the check of every row before step 0, one yield per
         round (`freescale.data.stream_check`); nothing with ``data.check=off``."""

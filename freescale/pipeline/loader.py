@@ -84,10 +84,13 @@ class BatchInfo:
 
 
 class StepBatches(Dataset):
-    """Item ``k``: this rank's batch of step ``steps[k]`` and its `BatchInfo`.
+    """Item ``k``: this rank's batches of steps ``steps[k*group : (k+1)*group]``,
+    each with its `BatchInfo`.
 
     A pure function of ``k`` (sources are deterministic), so any worker may
-    build any item.
+    build any item. ``group`` > 1 gives a worker runs of consecutive steps: a
+    streamed source reads (decodes) a window once for the run instead of once
+    per worker whose steps touch it (`steps_per_read`).
     """
 
     def __init__(
@@ -101,18 +104,23 @@ class StepBatches(Dataset):
         validate: Any = None,
         packed: bool = False,
         flops: Any = None,
+        group: int = 1,
     ) -> None:
         self.source, self.rank, self.world_size = source, rank, world_size
         self.batch_size, self.steps = batch_size, steps
         self.host_lengths, self.validate = host_lengths, validate
-        self.packed, self.flops = packed, flops
+        self.packed, self.flops, self.group = packed, flops, group
 
     def __len__(self) -> int:
-        return len(self.steps)
+        return -(-len(self.steps) // self.group)
 
-    def __getitem__(self, k: int) -> tuple[SampleBatch | PackedBatch | None, BatchInfo]:
+    def __getitem__(self, k: int) -> list[tuple[SampleBatch | PackedBatch | None, BatchInfo]]:
+        steps = self.steps[k * self.group : (k + 1) * self.group]
+        return [self.one(step) for step in steps]
+
+    def one(self, step: int) -> tuple[SampleBatch | PackedBatch | None, BatchInfo]:
         try:
-            batch = self.source.batch(self.steps[k], self.rank, self.world_size, self.batch_size)
+            batch = self.source.batch(step, self.rank, self.world_size, self.batch_size)
         except ValueError as e:  # the data's own one-line error: no batch, every rank raises
             return None, BatchInfo(
                 0, 0, 0, 0, 0.0, 0, problem=[DATA_ERROR, 0, 0, 0, 0, 0], error=str(e)
@@ -125,6 +133,13 @@ def _worker_init(_: int) -> None:
     # One intra-op thread per worker: several workers must not oversubscribe
     # the cores that the trainer's own threads need.
     torch.set_num_threads(1)
+
+
+def steps_per_read(source: Any, batch_size: int, workers: int) -> int:
+    """Consecutive steps one worker builds (`StepBatches` ``group``): the source's
+    ``steps_per_read(batch_size)`` when it streams and there are several workers."""
+    read = getattr(source, "steps_per_read", None)
+    return max(1, int(read(batch_size))) if read is not None and workers > 1 else 1
 
 
 def default_workers(device: torch.device) -> int:
@@ -161,16 +176,17 @@ class Prefetcher:
         self.delay_s = delay_ms / 1000.0
         # Packed (default on GPUs): one descriptor, pinned buffer and copy per batch.
         packed = cuda if packed is None else packed
+        group = steps_per_read(source, batch_size, workers)
         data = StepBatches(
             source, rank, world_size, batch_size, steps, host_lengths, validate, packed,
-            model_flops(model),
+            model_flops(model), group,
         )  # fmt: skip
         loader = DataLoader(
             data,
-            batch_size=None,  # items are whole batches already
+            batch_size=None,  # items are lists of whole batches already
             num_workers=workers,
             pin_memory=cuda,
-            prefetch_factor=depth if workers else None,
+            prefetch_factor=max(1, depth // group) if workers else None,
             worker_init_fn=_worker_init if workers else None,
             # fork: the source is inherited, not pickled; workers never touch CUDA.
             multiprocessing_context="fork" if workers else None,
@@ -184,7 +200,7 @@ class Prefetcher:
 
     def _run(self) -> None:
         try:
-            for batch, info in self._batches:
+            for batch, info in (one for item in self._batches for one in item):
                 if self._stop.is_set():
                     break
                 if self.delay_s:
