@@ -12,11 +12,12 @@ processes that map them, so torch's libraries are not counted once per
 process) and of the summed RSS. ``reader = "parquet"`` is the in-memory
 reader on one file of the same rows (its comparison row).
 
-``rate`` (``params.rate``, GPU): one training run at the preset on a
-``parquet-stream`` dataset (step time, data wait from the summary), then the
-same loader stage alone (`freescale.pipeline.loader.Prefetcher`, as the
-trainer builds it: default worker count, packed batches, copies to the
-device) over the same steps: its batches/s over the trainer's steps/s is ``loader_vs_step``.
+``rate`` (``params.rate``, GPU): the loader stage alone
+(`freescale.pipeline.loader.Prefetcher` as the trainer builds it: default
+worker count, packed batches, copies to the device) over the steps of one
+training run at the preset on a ``parquet-stream`` dataset, then that run
+(step time, data wait from its summary): the loader's batches/s over the
+trainer's steps/s is ``loader_vs_step``.
 """
 
 from __future__ import annotations
@@ -197,10 +198,8 @@ def rate_row(s: Scenario, ctx: Ctx, data: Path) -> dict[str, Any]:
     metrics = ctx.raw / "rate.jsonl"
     sets = [*p["common"], f"data={spec}", f"output.metrics_path={metrics}"]
     cfg = build_config(p["preset"], sets)
-    with single_rank():
-        summary = launch(cfg)
-    assert summary is not None
-    step_ms = summary["step_ms"]
+    # The loader alone first: workers forked after a training run in this process
+    # would inherit (and free) its CUDA objects.
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     workers = cfg.data.loader_workers
     workers = default_workers(device) if workers < 0 else workers
@@ -217,6 +216,11 @@ def rate_row(s: Scenario, ctx: Ctx, data: Path) -> dict[str, Any]:
         pass
     loader_ms = (time.perf_counter() - start) * 1000 / max(n, 1)
     loader.close()
+    del loader
+    with single_rank():
+        summary = launch(cfg)
+    assert summary is not None
+    step_ms = summary["step_ms"]
     group = steps_per_read(source, cfg.run.batch_size, workers)
     return {
         "case": f"{p['preset']} b{cfg.run.batch_size} {p['rate']}",
