@@ -48,6 +48,7 @@ graphs (`freescale.pipeline.graphs`).
 from __future__ import annotations
 
 import threading
+import time
 import warnings
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
@@ -257,39 +258,35 @@ class GraphCache:
         self.clear()
 
     def clear(self) -> None:
-        self.plans: dict[tuple[bool, int], OrderedDict[GraphSpec, Plan]] = {}
+        self.plans: dict[tuple[bool, torch.device], OrderedDict[GraphSpec, Plan]] = {}
         self.handles: dict[int, tuple[Any, threading.Lock]] = {}
-        self.refused: dict[tuple[bool, int, GraphSpec], str] = {}
+        self.refused: dict[tuple[bool, torch.device, GraphSpec], str] = {}
         self.builds = 0  # graphs built (a test reads it: a batch under the caps builds none)
         self.build_s = 0.0
 
     def get(self, spec: GraphSpec, backward: bool, device: torch.device) -> Plan:
         """The graph of ``spec`` on ``device`` (built on first use); `Unsupported`
         when cuDNN refuses it (remembered: not retried)."""
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        device = torch.device("cuda", index)
-        plans = self.plans.setdefault((backward, index), OrderedDict())
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        plans = self.plans.setdefault((backward, device), OrderedDict())
         plan = plans.get(spec)
         if plan is not None:
             plans.move_to_end(spec)
             return plan
-        why = self.refused.get((backward, index, spec))
+        why = self.refused.get((backward, device, spec))
         if why is not None:
             raise Unsupported(why)
         cudnn = import_cudnn()
         if cudnn is None:
             raise Unsupported(f"model.attention=cudnn needs {package_problem()}")
-        import time
-
         t0 = time.perf_counter()
         try:
-            with torch.cuda.device(index):
-                handle, lock = self._handle(cudnn, index)
-                plan = Plan(cudnn, handle, lock, spec, backward, device)
+            plan = self._build(cudnn, spec, backward, device)
         except Exception as e:
             what = "backward" if backward else "forward"
             why = f"cuDNN refused the {what} attention graph {spec}: {_first_line(e)}"
-            self.refused[(backward, index, spec)] = why
+            self.refused[(backward, device, spec)] = why
             raise Unsupported(why) from e
         self.build_s += time.perf_counter() - t0
         self.builds += 1
@@ -297,6 +294,11 @@ class GraphCache:
         while len(plans) > MAX_GRAPHS:
             plans.popitem(last=False)
         return plan
+
+    def _build(self, cudnn: Any, spec: GraphSpec, backward: bool, device: torch.device) -> Plan:
+        with torch.cuda.device(device):
+            handle, lock = self._handle(cudnn, device.index)
+            return Plan(cudnn, handle, lock, spec, backward, device)
 
     def _handle(self, cudnn: Any, index: int) -> tuple[Any, threading.Lock]:
         with self.lock:
