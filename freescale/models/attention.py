@@ -19,7 +19,7 @@ Implementations (``impl``, the model's ``attention`` option):
 - ``reference``: per-sample SDPA loops (CPU; the reference twin of the others);
 - ``varlen``: ``torch.nn.attention.varlen.varlen_attn`` (FlashAttention-2, CUDA);
 - ``cudnn``: the causal self-attention through cuDNN's SDPA graphs
-  (`freescale.models.cudnn_attention`; sm90+, the ``nvidia-cudnn-frontend``
+  (`freescale.kernels.cudnn_attention`; sm90+, the ``nvidia-cudnn-frontend``
   package); the cross-attention stays on varlen (it is cheap);
 - ``auto``: ``reference`` on the CPU; on CUDA ``cudnn`` for the causal
   self-attention where it can run (`cudnn_attention.unavailable`), else
@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from freescale.models import cudnn_attention
+from freescale.kernels import cudnn_attention
 
 IMPLS = ("auto", "reference", "varlen", "cudnn")
 

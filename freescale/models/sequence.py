@@ -63,7 +63,7 @@ class ModelConfig:
                 f"model attention must be one of {', '.join(IMPLS)}; got {self.attention!r}"
             )
         if self.attention == "cudnn":
-            from freescale.models.cudnn_attention import head_dim_problem
+            from freescale.kernels.cudnn_attention import head_dim_problem
 
             why = head_dim_problem(self.dim // self.heads)
             if why:

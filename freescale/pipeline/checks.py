@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 
 from freescale.data.source import BUILTIN_KINDS, STREAMS
+from freescale.kernels.cudnn_attention import package_problem
 from freescale.models.contract import load_object
-from freescale.models.cudnn_attention import package_problem
 from freescale.pipeline.checkpoint import check_resumable
 from freescale.pipeline.config import TrainConfig
 from freescale.pipeline.faults import parse_ranks

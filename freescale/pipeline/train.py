@@ -24,7 +24,6 @@ from freescale.data.source import DataSource, schema_of
 from freescale.jagged.batch import SampleBatch
 from freescale.models.contract import has_default_loss
 from freescale.models.loss import bce_loss_and_sum, bce_total
-from freescale.models.sequence import check_attention_device
 from freescale.pipeline.balancing import Feed, balance_stage, host_lengths
 from freescale.pipeline.config import TrainConfig
 from freescale.pipeline.dense import DenseTraining
@@ -65,7 +64,6 @@ class Trainer:
         self.schema = schema_of(self.source)
         with device:  # initialize on the device: large tables init in ms, not minutes
             self.model = build_model(cfg.model, self.schema, model).to(device)
-        check_attention_device(self.model, device)  # model.attention=cudnn on this GPU
         # One rank exchanges nothing: its communication sections would time
         # identities. Only the data wait is read from the sections there.
         self.timer = SectionTimer(device, frozenset({"data"}) if self.world == 1 else None)
