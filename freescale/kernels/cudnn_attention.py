@@ -14,7 +14,9 @@ so a graph depends only on
 
 - forward: (B, H, D, S_cap, q/k/v token stride, dtype, device), ``S_cap`` =
   the longest sample rounded up to a multiple of `S_ALIGN` (a graph declared
-  for a longer S serves shorter samples at no measured cost: 0.968 vs 0.959 ms);
+  for a longer S serves shorter samples at no measured cost: 0.968 vs 0.959 ms)
+  and B padded with empty samples to a multiple of `B_ALIGN` (variable local
+  batch sizes, `balance.counts=variable`, would otherwise build a graph per B);
 - backward: the same and ``T_cap`` = the batch's rows rounded up to a 1/8
   octave (`token_cap`). It is the backward's ``max_total_seq_len_q/kv``,
   which the frontend documents as "the maximum number of query sequence
@@ -69,8 +71,9 @@ from freescale.kernels.cudnn_graphs import (
 )
 
 S_ALIGN = 1024  # S_cap granularity (tokens)
+B_ALIGN = 8  # samples are padded with empty ones up to a multiple of this
 MAX_HEAD_DIM = 256  # cuDNN's bound for bf16/fp16 SDPA on Hopper
-MAX_GRAPHS = 64  # per device and direction (LRU)
+MAX_GRAPHS = 128  # per device and direction (LRU)
 MIN_CAPABILITY = (9, 0)  # ragged (THD) SDPA below cuDNN 9.18.1 needs sm90+
 INSTALL = "pip install 'freescale[cudnn]'"
 PACKED_QKV = True  # read views of one qkv projection in place (False: contiguous copies)
@@ -169,7 +172,9 @@ def token_cap(rows: int) -> int:
 class Ragged:
     """A batch's jagged layout as cuDNN reads it, built once per forward and
     shared by every layer (as `attention.Segments` is): lengths, and the
-    token offsets scaled to element offsets per row layout (cached)."""
+    token offsets scaled to element offsets per row layout (cached). The
+    samples are padded with empty ones up to a multiple of `B_ALIGN` (on the
+    device, no host read): ``samples`` counts them."""
 
     offsets: Tensor  # int64 [B + 1]
     max_len: int  # the longest sample (host int)
@@ -178,7 +183,11 @@ class Ragged:
     _scaled: dict[int, Tensor] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.offsets = self.offsets.to(torch.int64)
+        offsets = self.offsets.to(torch.int64)
+        pad = -(offsets.numel() - 1) % B_ALIGN
+        if pad and offsets.numel() > 1:
+            offsets = torch.cat([offsets, offsets[-1:].expand(pad)])
+        self.offsets = offsets
         self.seq_len = (self.offsets[1:] - self.offsets[:-1]).to(torch.int32).view(-1, 1, 1, 1)
 
     @property
