@@ -1,4 +1,5 @@
-"""Jagged attention: a per-sample reference (CPU) and a varlen path (CUDA).
+"""Jagged attention: a per-sample reference (CPU), a varlen path (CUDA) and,
+for the causal self-attention, an optional cuDNN path (`cudnn_attention`).
 
 Two patterns per layer:
 - UIH self-attention, causal within each sample;
@@ -13,17 +14,29 @@ key-less queries, host boundaries for the reference) depends only on the
 batch's layout, not on the layer: `AttentionLayout` holds it, built once per
 forward by the model and shared by every layer (a layer used to rebuild it
 twice, ~8 small kernels each, and read maxima back on the host).
+
+Implementations (``impl``, the model's ``attention`` option):
+- ``reference``: per-sample SDPA loops (CPU; the reference twin of the others);
+- ``varlen``: ``torch.nn.attention.varlen.varlen_attn`` (FlashAttention-2, CUDA);
+- ``cudnn``: the causal self-attention through cuDNN's SDPA graphs
+  (`freescale.kernels.cudnn_attention`; sm90+, the ``nvidia-cudnn-frontend``
+  package); the cross-attention stays on varlen (it is cheap);
+- ``auto``: ``reference`` on the CPU; on CUDA ``cudnn`` for the causal
+  self-attention where it can run (`cudnn_attention.unavailable`), else
+  ``varlen``. Where cuDNN then refuses a graph, that call runs varlen.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-IMPLS = ("auto", "reference", "varlen")
+from freescale.kernels import cudnn_attention
+
+IMPLS = ("auto", "reference", "varlen", "cudnn")
 
 
 @dataclass(frozen=True)
@@ -34,13 +47,14 @@ class Segments:
     cu: Tensor | None = None  # int32 copy of ``offsets`` (varlen)
     max_len: int = 0  # longest segment (varlen)
     bounds: list[int] | None = None  # ``offsets`` on the host (reference)
+    ragged: cudnn_attention.Ragged | None = None  # cuDNN's view (its causal self-attention)
 
 
 @dataclass(frozen=True)
 class AttentionLayout:
     """Query segment i attends to key segment i (causally when ``causal``)."""
 
-    impl: str  # reference | varlen
+    impl: str  # reference | varlen | cudnn
     q: Segments
     k: Segments
     causal: bool
@@ -53,31 +67,69 @@ class AttentionLayout:
     def tensors(self) -> list[Tensor]:
         """The device tensors it holds (offsets, masks)."""
         held = (self.q.offsets, self.q.cu, self.k.offsets, self.k.cu)
-        return [t for t in (*held, self.no_keys, self.q_pad, self.k_pad) if t is not None]
+        ragged = self.q.ragged.tensors() if self.impl == "cudnn" and self.q.ragged else []
+        return [t for t in (*held, *ragged, self.no_keys, self.q_pad, self.k_pad) if t is not None]
 
 
 def resolve_impl(impl: str, on_cuda: bool) -> str:
-    """``auto`` -> ``varlen`` on CUDA, ``reference`` elsewhere."""
-    if impl not in IMPLS:
-        raise ValueError(f"attention impl must be auto, reference or varlen, got {impl!r}")
+    """The implementation of the patterns cuDNN does not run (the cross-attention):
+    ``auto`` and ``cudnn`` -> ``varlen`` on CUDA; ``auto`` -> ``reference`` elsewhere."""
+    check_impl(impl)
     if impl == "auto":
         return "varlen" if on_cuda else "reference"
-    return impl
+    return "varlen" if impl == "cudnn" else impl
 
 
-def segments(offsets: Tensor, impl: str, max_len: int | None = None) -> Segments:
-    """``offsets`` prepared for ``impl`` (resolved); ``max_len`` spares a host read."""
+def check_impl(impl: str) -> None:
+    if impl not in IMPLS:
+        raise ValueError(f"attention impl must be auto, reference, varlen or cudnn, got {impl!r}")
+
+
+def self_attention_impl(
+    impl: str, device: torch.device | None, head_dim: int, cudnn: bool = True
+) -> str:
+    """The causal self-attention's implementation on ``device`` (None: the CPU).
+
+    ``auto``: ``cudnn`` on a CUDA device where it can run (and ``cudnn`` is
+    allowed: not inside CUDA graphs), else ``varlen``; ``reference`` on the
+    CPU. ``cudnn`` where it cannot run: a one-line ValueError naming what is
+    missing."""
+    check_impl(impl)
+    device = device or torch.device("cpu")
+    if impl == "cudnn":
+        why = cudnn_attention.unavailable(device, head_dim)
+        if why:
+            raise ValueError(f"model.attention=cudnn needs {why}")
+        return "cudnn"
+    on_cuda = device.type == "cuda"
+    if impl == "auto" and on_cuda and cudnn:
+        return "cudnn" if cudnn_attention.unavailable(device, head_dim) is None else "varlen"
+    return resolve_impl(impl, on_cuda)
+
+
+def segments(
+    offsets: Tensor, impl: str, max_len: int | None = None, fallback: bool = False
+) -> Segments:
+    """``offsets`` prepared for ``impl`` (resolved); ``max_len`` spares a host read.
+
+    ``cudnn``: the varlen preparation (the cross-attention reads it) and
+    cuDNN's (`cudnn_attention.Ragged`); ``fallback``: ``auto`` chose cuDNN, so
+    a graph it refuses runs varlen instead of failing."""
     if impl == "reference":
         return Segments(offsets, bounds=offsets.tolist())
     if max_len is None:
         max_len = int((offsets[1:] - offsets[:-1]).max()) if offsets.numel() > 1 else 0
-    return Segments(offsets, cu=offsets.to(torch.int32), max_len=max_len)
+    ragged = cudnn_attention.Ragged(offsets, max_len, fallback) if impl == "cudnn" else None
+    return Segments(offsets, cu=offsets.to(torch.int32), max_len=max_len, ragged=ragged)
 
 
 def attention_layout(q: Segments, k: Segments, causal: bool, num_queries: int) -> AttentionLayout:
     """The layout of one pattern; the key-less mask is skipped where it is all
-    false by construction (queries and keys share one layout)."""
+    false by construction (queries and keys share one layout). A causal
+    self-attention over segments prepared for cuDNN runs there; the rest varlen."""
     impl = "reference" if q.bounds is not None else "varlen"
+    if impl == "varlen" and causal and q is k and q.ragged is not None:
+        impl = "cudnn"
     no_keys = None
     if impl == "varlen" and q.offsets is not k.offsets:
         k_len = k.offsets[1:] - k.offsets[:-1]
@@ -134,6 +186,30 @@ def _varlen(q: Tensor, k: Tensor, v: Tensor, layout: AttentionLayout) -> Tensor:
     return out.masked_fill(layout.no_keys, 0.0)
 
 
+def _cudnn(q: Tensor, k: Tensor, v: Tensor, layout: AttentionLayout) -> Tensor:
+    """cuDNN's causal self-attention (CUDA, sm90+) over packed segments; float32
+    inputs run in bf16, as varlen's do. Rows outside every segment (``q_pad``)
+    get output 0 and q/k/v gradient 0, as varlen's."""
+    ragged = layout.q.ragged
+    assert ragged is not None
+    dtype = q.dtype
+    half = torch.bfloat16 if dtype == torch.float32 else dtype
+    qh, kh, vh = q, k, v
+    if layout.q_pad is not None and layout.k_pad is not None:
+        qh = _ZeroGradRows.apply(q, layout.q_pad)
+        kh = _ZeroGradRows.apply(k, layout.k_pad)
+        vh = _ZeroGradRows.apply(v, layout.k_pad)
+    try:
+        out = cudnn_attention.causal_attention(qh.to(half), kh.to(half), vh.to(half), ragged)
+    except cudnn_attention.Unsupported as e:
+        if not ragged.fallback:
+            raise
+        cudnn_attention.warn_fallback(e)
+        return _varlen(q, k, v, replace(layout, impl="varlen"))
+    out = out.to(dtype)
+    return out if layout.q_pad is None else out.masked_fill(layout.q_pad, 0.0)
+
+
 class _ZeroGradRows(torch.autograd.Function):
     """Identity forward; the gradient of the ``rows`` rows becomes exactly 0
     (a select, so even garbage there is dropped)."""
@@ -154,6 +230,8 @@ def attend(q: Tensor, k: Tensor, v: Tensor, layout: AttentionLayout) -> Tensor:
     if layout.impl == "reference":
         assert layout.q.bounds is not None and layout.k.bounds is not None
         return _reference(q, k, v, layout.q.bounds, layout.k.bounds, layout.causal)
+    if layout.impl == "cudnn":
+        return _cudnn(q, k, v, layout)
     return _varlen(q, k, v, layout)
 
 
@@ -168,8 +246,13 @@ def jagged_attention(
     max_k: int | None = None,
     impl: str = "auto",
 ) -> Tensor:
-    """One call: ``varlen`` on CUDA, ``reference`` elsewhere (or when forced)."""
-    impl = resolve_impl(impl, q.is_cuda)
-    qs = segments(q_offsets, impl, max_q)
-    ks = qs if k_offsets is q_offsets and max_q == max_k else segments(k_offsets, impl, max_k)
+    """One call, ``impl`` as the model's (`self_attention_impl` for a causal
+    self-attention: ``q_offsets is k_offsets``; `resolve_impl` otherwise)."""
+    shared = k_offsets is q_offsets and max_q == max_k
+    if causal and shared:
+        chosen = self_attention_impl(impl, q.device, q.shape[-1])
+    else:
+        chosen = resolve_impl(impl, q.is_cuda)
+    qs = segments(q_offsets, chosen, max_q, fallback=impl == "auto")
+    ks = qs if shared else segments(k_offsets, resolve_impl(chosen, q.is_cuda), max_k)
     return attend(q, k, v, attention_layout(qs, ks, causal, q.shape[0]))

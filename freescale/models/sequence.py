@@ -23,11 +23,13 @@ from freescale.jagged.ops import segment_ids
 from freescale.jagged.schema import DataSchema
 from freescale.kernels.linear import Linear
 from freescale.models.attention import (
+    IMPLS,
     AttentionLayout,
     attend,
     attention_layout,
     resolve_impl,
     segments,
+    self_attention_impl,
 )
 from freescale.models.contract import RecModel
 from freescale.models.pooling import mean_content
@@ -43,7 +45,10 @@ class ModelConfig:
     layers: int = 2
     mlp_ratio: int = 2
     dense_dim: int = 0
-    attention: str = "auto"  # auto | reference | varlen
+    # auto | reference | varlen | cudnn (`freescale.models.attention`): auto is
+    # reference on the CPU; on CUDA cudnn for the causal self-attention where it
+    # runs (sm90+, nvidia-cudnn-frontend installed), else varlen
+    attention: str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("num_items", "num_actions", "dim", "heads", "layers", "mlp_ratio"):
@@ -53,10 +58,16 @@ class ModelConfig:
             raise ValueError(f"model dim ({self.dim}) must be divisible by heads ({self.heads})")
         if self.dense_dim < 0:
             raise ValueError("model dense_dim must be >= 0")
-        if self.attention not in ("auto", "reference", "varlen"):
+        if self.attention not in IMPLS:
             raise ValueError(
-                f"model attention must be one of auto, reference, varlen; got {self.attention!r}"
+                f"model attention must be one of {', '.join(IMPLS)}; got {self.attention!r}"
             )
+        if self.attention == "cudnn":
+            from freescale.kernels.cudnn_attention import head_dim_problem
+
+            why = head_dim_problem(self.dim // self.heads)
+            if why:
+                raise ValueError(f"model.attention=cudnn needs {why}: model.dim / model.heads")
 
 
 class Block(nn.Module):
@@ -65,6 +76,7 @@ class Block(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         d, self.heads, self.impl = cfg.dim, cfg.heads, cfg.attention
+        self.head_dim = d // cfg.heads
         self.norm1, self.norm2 = nn.LayerNorm(d), nn.LayerNorm(d)
         # `Linear`: no memset per bias gradient where that matters (`kernels.linear`).
         self.qkv, self.proj = Linear(d, 3 * d), Linear(d, d)
@@ -133,9 +145,13 @@ class BlockStack(nn.ModuleList):
     `cand_update`, `uih_qkv` → `uih_update`) only meet at the UIH keys and
     values, so the candidate path may run concurrently with the UIH path."""
 
+    # ``auto`` may pick cuDNN for the causal self-attention (a stack replaying
+    # CUDA graphs says no: its graphs run varlen, and so do its eager steps).
+    cudnn_self_attention = True
+
     def __init__(self, blocks: list[Block], attention: str) -> None:
         super().__init__(blocks)
-        self.attention = attention  # auto | reference | varlen
+        self.attention = attention  # auto | reference | varlen | cudnn
 
     def forward(  # type: ignore[override]
         self,
@@ -160,16 +176,25 @@ class BlockStack(nn.ModuleList):
     ) -> tuple[AttentionLayout, AttentionLayout]:
         """(UIH self-attention, candidate cross-attention) layouts, once per forward:
         every layer shares them. Maxima not given are read back in one host read."""
-        impl = resolve_impl(self.attention, on_cuda)
         uih_off, cand_off = batch.uih.offsets, batch.candidates.offsets
+        device = (uih_off.device if uih_off.is_cuda else torch.device("cuda")) if on_cuda else None
+        own = self.self_attention_impl(device)
+        impl = resolve_impl(own, on_cuda)  # the cross-attention's
         if impl == "varlen" and (max_uih is None or max_candidates is None):
             max_uih, max_candidates = max_lengths(uih_off, cand_off)
-        uih = segments(uih_off, impl, max_uih)
+        uih = segments(uih_off, own, max_uih, fallback=self.attention == "auto")
         cand = segments(cand_off, impl, max_candidates)
         return (
             attention_layout(uih, uih, True, batch.uih[UIH_IDS].numel()),
             attention_layout(cand, uih, False, batch.num_candidates_total),
         )
+
+    def self_attention_impl(self, device: torch.device | None) -> str:
+        """The causal self-attention's implementation on ``device`` (None: the
+        CPU): `attention.self_attention_impl` of this stack's option; a one-line
+        ValueError for ``cudnn`` where it cannot run."""
+        head_dim = self[0].head_dim if len(self) else 0
+        return self_attention_impl(self.attention, device, head_dim, self.cudnn_self_attention)
 
 
 class SequenceModel(RecModel):
@@ -311,6 +336,15 @@ def with_defaults(options: dict[str, object]) -> dict[str, object]:
     """``options`` with `build`'s defaults for those not given."""
     params = inspect.signature(build).parameters
     return {**{k: p.default for k, p in params.items() if k != "schema"}, **options}
+
+
+def check_attention_device(model: nn.Module, device: torch.device) -> None:
+    """A one-line ValueError, at the start of a run, when a block stack of
+    ``model`` asks for an attention ``device`` cannot run (``cudnn`` without
+    the package or an sm90+ GPU); its first forward would raise it otherwise."""
+    for module in model.modules():
+        if isinstance(module, BlockStack):
+            module.self_attention_impl(device if device.type == "cuda" else None)
 
 
 def max_lengths(*offsets: Tensor) -> list[int]:

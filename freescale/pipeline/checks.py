@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from freescale.data.source import BUILTIN_KINDS, STREAMS
+from freescale.kernels.cudnn_attention import package_problem
 from freescale.models.contract import load_object
 from freescale.pipeline.checkpoint import check_resumable
 from freescale.pipeline.config import TrainConfig
@@ -30,10 +31,16 @@ def check_launch(cfg: TrainConfig, model_given: bool = False) -> None:
     run = cfg.run
     cuda = run.device == "cuda" or (run.device == "auto" and torch.cuda.is_available())
     attention = cfg.model.options.get("attention", "auto") if cfg.model.builtin else "auto"
-    if attention == "varlen" and not cuda:
+    if attention in ("varlen", "cudnn") and not cuda:
         raise ValueError(
-            "model.attention=varlen needs a CUDA device; use model.attention=auto on the CPU"
+            f"model.attention={attention} needs a CUDA device; use model.attention=auto on the CPU"
         )
+    if attention == "cudnn":
+        # The package here; the GPU's capability on the rank (`check_attention_device`):
+        # asking it here would hold a CUDA context in the launcher.
+        why = package_problem()
+        if why:
+            raise ValueError(f"model.attention=cudnn needs {why}")
     if cfg.dense.graphs and not cuda:
         raise ValueError("dense.graphs=true captures CUDA graphs: it needs a CUDA device")
     if cfg.dense.graphs:

@@ -15,6 +15,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
+from freescale.models.sequence import check_attention_device
 from freescale.pipeline.config import DenseSection, FaultsSection
 from freescale.pipeline.graphs import BlockGraphs, install_graphs
 from freescale.pipeline.nonfinite import NonFiniteCount, skip_flags
@@ -104,6 +105,7 @@ class DenseTraining:
     ) -> None:
         """``step_tokens``: the most UIH tokens of a local batch (batch_size x max_uih)."""
         self.model, self.guard, self.device, self.timer = model, guard, device, timer
+        check_attention_device(model, device)  # model.attention=cudnn: this GPU, at start
         world = dist.get_world_size()
         self.graphs: BlockGraphs | None = None
         self.graphs_skipped = graphs_skipped(section, step_tokens)

@@ -18,6 +18,11 @@ rows is masked to 0 and their q/k/v gradients are zeroed by a select
 (`AttentionLayout.q_pad`/`k_pad`). Real rows never see padding, and the head
 never reads padded candidates, so their gradient is exactly zero.
 
+The attention in the graphs is varlen's: ``model.attention=cudnn`` is refused
+and ``auto`` does not pick cuDNN in a graphed stack (eager steps included).
+cuDNN's capture, and the fixed per-bucket offsets, lengths and workspace it
+would need, are not tried.
+
 The numbers are close to, not bitwise equal to, the eager path's (padding
 changes the GEMM shapes and so their rounding): graphs are opt-in
 (``dense.graphs=true``); eager stays the default and the reference.
@@ -425,9 +430,16 @@ class BlockGraphs:
 
 
 def check_attention(attention: str) -> None:
-    """The graphs run the varlen attention: ValueError (one line) for another."""
-    if attention == "reference":
-        raise ValueError("dense.graphs=true needs model.attention=auto or varlen (CUDA graphs)")
+    """The graphs run the varlen attention: ValueError (one line) for another.
+
+    ``cudnn`` is refused rather than captured: its graphs' capture and the
+    padding rows' handling inside them are untested, and ``auto`` runs
+    varlen in a graphed stack (`GraphedStack.cudnn_self_attention`)."""
+    if attention in ("reference", "cudnn"):
+        raise ValueError(
+            f"dense.graphs=true needs model.attention=auto or varlen (CUDA graphs run "
+            f"varlen), got {attention}"
+        )
 
 
 class GraphedStack(BlockStack):
@@ -435,7 +447,12 @@ class GraphedStack(BlockStack):
 
     Same blocks (so the same parameters and state dict keys); evaluation (no
     gradients), CPU runs and steps without UIH tokens or candidates run the
-    stack eagerly. ``own_grads``: see `BlockGraphs` (one rank, no DDP hooks)."""
+    stack eagerly. ``own_grads``: see `BlockGraphs` (one rank, no DDP hooks).
+
+    Its self-attention is varlen's, in the graphs and in the eager steps alike
+    (``auto`` does not pick cuDNN here): one kernel for every step."""
+
+    cudnn_self_attention = False
 
     def __init__(self, stack: BlockStack, two_streams: bool = True, own_grads: bool = False):
         check_attention(stack.attention)

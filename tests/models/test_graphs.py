@@ -261,7 +261,8 @@ def test_graphs_are_refused_without_cuda_varlen_or_a_block_stack():
 # ---- GPU: the captured graphs against eager training ---------------------------------
 def _train(graphs: bool, amp: bool, steps: int = 6, seed: int = 0):
     torch.manual_seed(seed)
-    cfg = ModelConfig(num_items=500, dim=64, heads=2, layers=2, dense_dim=2)
+    # varlen: the graphs run it, so eager runs it too (auto may pick cuDNN eagerly)
+    cfg = ModelConfig(num_items=500, dim=64, heads=2, layers=2, dense_dim=2, attention="varlen")
     m = SequenceModel(cfg).cuda()
     runner = install_graphs(m, two_streams=True, own_grads=False) if graphs else None
     opt = torch.optim.Adam(m.parameters(), lr=LR)

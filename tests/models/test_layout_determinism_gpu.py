@@ -18,12 +18,15 @@ from tests.models.test_layout_once import BATCHES, _batch, _run
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("spec", BATCHES)
-def test_forward_is_deterministic_on_gpu(spec, monkeypatch):
+@pytest.mark.parametrize("attention", ["varlen", "auto"])  # auto: cuDNN's where it runs
+def test_forward_is_deterministic_on_gpu(spec, attention, monkeypatch):
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     previous = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
     try:
-        cfg = ModelConfig(num_items=100, dim=64, heads=2, layers=3, dense_dim=2, attention="auto")
+        cfg = ModelConfig(
+            num_items=100, dim=64, heads=2, layers=3, dense_dim=2, attention=attention
+        )
         torch.manual_seed(0)
         m = SequenceModel(cfg).cuda()
         batch = _batch(spec).to("cuda")

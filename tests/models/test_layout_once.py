@@ -200,7 +200,8 @@ def test_flash_path_unchanged_on_gpu(spec, monkeypatch):
 
 
 def _check_flash(spec):
-    cfg = ModelConfig(num_items=100, dim=64, heads=2, layers=3, dense_dim=2, attention="auto")
+    # varlen, not auto: auto may run the self-attention on cuDNN (cudnn_attention)
+    cfg = ModelConfig(num_items=100, dim=64, heads=2, layers=3, dense_dim=2, attention="varlen")
     torch.manual_seed(0)
     m = SequenceModel(cfg).cuda()
     batch = _batch(spec).to("cuda")

@@ -32,6 +32,14 @@ def _rc_and_last_line(capsys, *args: str) -> tuple[int, str, float]:
             ["--set", "model.attention=varlen", "--set", "run.device=cpu"],
             "model.attention=varlen needs a CUDA",
         ),
+        (
+            ["--set", "model.attention=cudnn", "--set", "run.device=cpu"],
+            "model.attention=cudnn needs a CUDA",
+        ),
+        (
+            ["--set", "model.attention=cudnn", "--set", "model.dim=72", "--set", "model.heads=2"],
+            "model.attention=cudnn needs a head dim that is a multiple of 8",
+        ),
         (["--set", "output.metrics_path=/proc/nope/m.jsonl"], "metrics_path: cannot create"),
         (["--set", "data=sasrec:/no/such/file.txt"], "data file '/no/such/file.txt'"),
         (["--set", "run.timeout_s=0"], "run.timeout_s must be a finite number >= 1"),
