@@ -72,6 +72,15 @@ def assert_same_batch(a, b) -> None:
             assert torch.equal(x[name], y[name]), name
 
 
+def assert_same_evaluation(memory, split, world, batch_size):
+    """Every validation and test batch of every rank, in memory and on the split."""
+    for name in SPLITS:
+        for step in range(memory.eval_steps(world, batch_size)):
+            for rank in range(world):
+                a = memory.eval_batch(name, step, rank, world, batch_size)
+                assert_same_batch(a, split.eval_batch(name, step, rank, world, batch_size))
+
+
 def test_convert_writes_the_readers_users_in_order_with_its_ids(split_dir):
     text, conv, _ = split_dir
     ds = read_sasrec(text)
@@ -167,11 +176,7 @@ def test_other_readers_convert_and_split_with_their_actions_and_features(tmp_pat
     assert split.schema == memory.schema
     assert split.split_counts() == memory.split_counts()
     assert np.array_equal(split.popularity(), memory.popularity())
-    for name in SPLITS:
-        for step in range(memory.eval_steps(2, 3)):
-            for rank in range(2):
-                a = memory.eval_batch(name, step, rank, 2, 3)
-                assert_same_batch(a, split.eval_batch(name, step, rank, 2, 3))
+    assert_same_evaluation(memory, split, 2, 3)
 
 
 @pytest.mark.parametrize("per_user,stride", [(0, 1), (2, 2)])
@@ -375,8 +380,4 @@ def test_beauty_converted_and_split_evaluates_like_the_in_memory_file(tmp_path, 
     assert split.split_counts() == memory.split_counts()
     assert split.split_counts()["eval_users"] == 22_363
     assert np.array_equal(split.popularity(), memory.popularity())
-    for name in SPLITS:
-        for step in range(memory.eval_steps(2, 512)):
-            for rank in range(2):
-                a = memory.eval_batch(name, step, rank, 2, 512)
-                assert_same_batch(a, split.eval_batch(name, step, rank, 2, 512))
+    assert_same_evaluation(memory, split, 2, 512)
