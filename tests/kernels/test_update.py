@@ -69,7 +69,7 @@ def update_tol(slots, grads, rows: int) -> tuple[dict, dict]:
 
 
 @pytest.mark.numeric
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=30, deadline=None)  # runs in both CI legs; 30 keep it under 15 s
 @given(case=update_cases(), small_fan=st.booleans())
 def test_triton_update_matches_reference(triton_device, case, small_fan):
     from freescale.kernels import triton_update

@@ -80,6 +80,7 @@ def test_balanced_training_matches_unbalanced(baseline, balance, mode):
     _assert_same_run(_run(2, balance, mode), baseline)
 
 
+@pytest.mark.slow  # fast twins: the 2-rank cases above (every balancer and mode)
 def test_balanced_training_matches_unbalanced_at_four_ranks():
     _assert_same_run(_run(4, "cost", "sync"), _run(4, "none", "sync"))
 
