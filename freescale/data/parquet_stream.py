@@ -371,11 +371,18 @@ class ParquetStreamSource(SegmentedStream):
         """The samples of window ``w`` as (id, history, target), in stream order."""
         out = []
         for piece in self.windows(epoch, rank, world_size)[w].tolist():
+            file = int(self.files.piece_file[piece])
             for row, history in self._histories(piece):
-                for k, t in enumerate(training_targets(history.items.size, self.sampling)):
-                    if k >= 2 ** ID_BITS[2]:
-                        raise ValueError(f"{self.spec}: more than 65535 targets in one row")
-                    file = int(self.files.piece_file[piece])
+                targets = training_targets(history.items.size, self.sampling)
+                if len(targets) > 2 ** ID_BITS[2]:  # found before step 0 unless data.check=off
+                    where = f"row group {int(self.files.piece_group[piece])}, row {row}"
+                    raise DataFormatError(
+                        self.files.paths[file], where,
+                        f"items has {history.items.size} events, {len(targets)} training "
+                        f"targets: a sample id holds {2 ** ID_BITS[2]} per row (set "
+                        "data.samples_per_user or data.target_stride)",
+                    )  # fmt: skip
+                for k, t in enumerate(targets):
                     out.append(((file << 48) | (row << 16) | k, history, t))
         return out
 

@@ -234,6 +234,9 @@ def test_too_many_targets_in_a_row_is_named_before_the_stream_reaches_it(tmp_pat
     line = first_problem(source)
     assert line is not None and "a.parquet: row group 0, row 1: items has 65540 events" in line
     assert "65537 training targets" in line and "data.samples_per_user" in line
+    with pytest.raises(DataFormatError) as read:  # data.check=off: the stream's own line
+        source.batch(0, 0, 1, 2)
+    assert str(read.value) == line
     ok = open_source(f"parquet-stream:{tmp_path}", SyntheticConfig(num_items=2**17))
     assert first_problem(ok) is None  # one target per user by default
 
