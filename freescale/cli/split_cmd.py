@@ -25,7 +25,11 @@ def register(data_sub: argparse._SubParsersAction) -> None:
         "order and with its item ids, as a directory of Parquet files in the parquet-stream "
         "layout (docs/train-on-your-data.md).",
     )
-    convert.add_argument("src", help="sasrec:PATH | movielens:PATH | parquet:PATH | csv:PATH")
+    convert.add_argument(
+        "src",
+        help="sasrec:PATH | movielens:PATH | parquet:PATH | csv:PATH | events:PATH (Parquet, "
+        "one row per event: user_id, item_id, timestamp[, action], sorted by user_id)",
+    )
     convert.add_argument("dst", help="a new or empty directory")
     convert.add_argument("--files", type=_positive, default=1, help="Parquet files to write")
     convert.add_argument("--row-group", type=_positive, default=10_000, help="users per row group")

@@ -1,6 +1,8 @@
 """``freescale data convert``: a file the in-memory readers take -> the ``parquet-stream`` layout.
 
-The source is read by its in-memory reader (`freescale.data.source.READERS`:
+``events:PATH`` (Parquet with one row per event: `freescale.data.events`,
+out of core, one output file per input file, ids as given). Any other
+source is read by its in-memory reader (`freescale.data.source.READERS`:
 ``sasrec:``, ``movielens:``, ``parquet:``, ``csv:``), so the users, their
 order, the remapped item ids and ``num_items`` / ``num_actions`` are exactly
 the in-memory source's: a model trained on one is evaluated on the other
@@ -110,11 +112,19 @@ def convert(
     from freescale.data.source import READERS
 
     kind, _, path = spec.partition(":")
-    if kind not in READERS or not path:
-        specs = " | ".join(f"{k}:PATH" for k in READERS)
+    if kind not in (*READERS, "events") or not path:
+        specs = " | ".join(f"{k}:PATH" for k in (*READERS, "events"))
         raise ValueError(f"data convert reads {specs}; got {spec!r}")
     if files < 1 or row_group < 1:
         raise ValueError(f"--files and --row-group must be >= 1, got {files}, {row_group}")
+    if kind == "events":  # one row per event, out of core (`freescale.data.events`)
+        from freescale.data.events import convert_events
+
+        if features:
+            raise ValueError("--features: events: data carry no extra columns yet")
+        out = check_output(dst, PART_RE.fullmatch, force, "data convert")
+        clear_output(out, PART_RE.fullmatch)
+        return convert_events(path, out, row_group, Progress(say))
     wanted = parse_features(features)
     if wanted and kind not in ("parquet", "csv"):
         raise ValueError(f"--features: {kind}: files have no extra columns (parquet: and csv: do)")

@@ -157,6 +157,11 @@ def scan_files(spec: str, extra: list[str]) -> Files:
         except (pa.ArrowException, OSError) as e:
             raise DataFormatError(path, None, str(e).splitlines()[0]) from None
         names = schema.names
+        if "items" not in names and "item_id" in names:  # the one-row-per-event layout
+            raise DataFormatError(
+                path, None, "one row per event (item_id): write one row per user with "
+                "`freescale data convert events:PATH DST`, then stream DST",
+            )  # fmt: skip
         for c in ("items", *extra):
             if c not in names:
                 raise DataFormatError(path, None, f"no {c!r} column (columns: {names})")
