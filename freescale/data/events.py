@@ -89,7 +89,7 @@ def _sizes(filesystem: Any, paths: list[str]) -> tuple[int, int]:
     items, actions = 0, 1
     for path in paths:
         parquet = _open(filesystem, path)
-        read = _columns(path, parquet)
+        read = [c for c in _columns(path, parquet) if c in ("item_id", "action")]
         for g in range(parquet.num_row_groups):
             cols = _group(path, parquet, g, read)
             if cols["item_id"].size:
@@ -127,6 +127,7 @@ def convert_events(
         read = _columns(path, parquet)
         with pq.ParquetWriter(str(dst / PART.format(k)), schema) as writer:
             pending: list[dict[str, np.ndarray]] = []  # rows not yet written (whole users)
+            held = 0  # events in pending
             carry: dict[str, np.ndarray] | None = None  # the last user of the last group
             for g in range(parquet.num_row_groups):
                 cols = _group(path, parquet, g, read)
@@ -152,11 +153,12 @@ def convert_events(
                 carry = {c: v[cut:] for c, v in cols.items()}
                 if cut:
                     pending.append(done)
-                if sum(p["user_id"].size for p in pending) >= FLUSH_EVENTS:
+                    held += cut
+                if held >= FLUSH_EVENTS:
                     users, events, groups = _flush(
                         writer, pending, row_group, (users, events, groups)
                     )
-                    pending = []
+                    pending, held = [], 0
                 progress(f"data convert: file {k + 1}/{len(paths)}, row group {g + 1}")
             if carry is not None and carry["user_id"].size:
                 pending.append(carry)

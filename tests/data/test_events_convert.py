@@ -48,8 +48,10 @@ def _want(rows):
     }
 
 
+@pytest.mark.parametrize("flush", [5, 4_000_000])  # whole users written every few events, or once
 @pytest.mark.parametrize("row_group", [1, 3, 1000])
-def test_events_become_one_row_per_user(tmp_path, row_group):
+def test_events_become_one_row_per_user(tmp_path, row_group, flush, monkeypatch):
+    monkeypatch.setattr("freescale.data.events.FLUSH_EVENTS", flush)
     rng = np.random.default_rng(row_group)
     src = tmp_path / "src"
     src.mkdir()
