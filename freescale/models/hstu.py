@@ -21,8 +21,9 @@ Written against the model contract (`contract.py`): the item table is its one
 sharded module, looked up once per step over the concatenated history,
 candidate and content ids; the action and bias tables are small and
 replicated. Samples are independent (the load balancer may move them).
-``attention``: ``padded`` (the batch padded to its longest history; the
-default, ``auto``) or ``reference`` (a loop over samples, for checking).
+``attention``: ``fused`` (Triton kernels on the packed rows; ``auto`` on
+CUDA), ``padded`` (the batch padded to its longest history; ``auto`` on the
+CPU) or ``reference`` (a loop over samples, for checking).
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ class HSTUConfig:
     heads: int = 2
     layers: int = 2
     dense_dim: int = 0
-    attention: str = "auto"  # auto | reference | padded
+    attention: str = "auto"  # auto | reference | padded | fused
 
     def __post_init__(self) -> None:
         for name in ("num_items", "num_actions", "dim", "heads", "layers"):
@@ -90,7 +91,7 @@ class HSTULayer(nn.Module):
         self,
         uih: Tensor,
         cand: Tensor,
-        layout: hattn.ReferenceLayout | hattn.PaddedLayout,
+        layout: hattn.ReferenceLayout | hattn.PaddedLayout | hattn.FusedLayout,
         uih_out: bool = True,
     ) -> tuple[Tensor, Tensor]:
         """``uih_out=False`` (the last layer): ``uih`` comes back unchanged."""
@@ -138,10 +139,12 @@ class HSTUModel(RecModel):
             uih, cand = layer(uih, cand, layout, uih_out=i < last)
         return self.head(cand).squeeze(-1)
 
-    def layout(self, batch: SampleBatch) -> hattn.ReferenceLayout | hattn.PaddedLayout:
+    def layout(
+        self, batch: SampleBatch
+    ) -> hattn.ReferenceLayout | hattn.PaddedLayout | hattn.FusedLayout:
         """The attention layout of ``batch``, once per forward (every layer shares
         it); history timestamps missing from the data count as all 0."""
-        impl = hattn.resolve_impl(self.cfg.attention)
+        impl = hattn.resolve_impl(self.cfg.attention, batch.uih.offsets.is_cuda)
         uih_times = batch.uih.features.get(UIH_TIMESTAMPS)
         if uih_times is None:
             uih_times = torch.zeros_like(batch.uih[UIH_IDS])

@@ -22,18 +22,26 @@ Two patterns per layer (the same as the reference model's, `attention.py`):
   is L (right after the last event), its time the candidate's own timestamp
   when the data has one (``candidates.timestamps``), else the last event's.
 
-Two implementations behind one interface (`layout(...)` then ``attend``):
+Three implementations behind one interface (`layout(...)` then ``attend``):
 
 - ``reference``: a loop over samples, each an explicit ``[H, L, L]`` matrix —
   the formula above, written out;
 - ``padded``: the batch padded to its longest history (``[B, H, L, L]``
-  scores, a shared causal mask), a handful of large kernels per layer: what
-  runs by default (plain torch, bf16-autocast friendly). Its work grows with the
-  batch's *longest* history (B·L_max²), the reference's with Σ L_i².
+  scores, a shared causal mask), a handful of large kernels per layer (plain
+  torch): the CPU default. Its work grows with the batch's *longest* history
+  (B·L_max²) and so does its memory;
+- ``fused``: the Triton kernels of `freescale.kernels.hstu_attention` on the
+  packed rows (the bias inside the kernels, memory linear in the tokens,
+  Σ L_i² work, blocks above the diagonal skipped): the CUDA default.
 
 They agree to rounding (`tests/models/test_hstu.py`). A candidate's
 attention to itself is one elementwise term, computed by the same code in
-both (`_self_term`).
+all three (`_self_term`). ``bias=None`` leaves the relative bias out (the
+benchmarks' plain SiLU attention).
+
+Buckets are exact integer functions (`kernels.hstu_attention.log_buckets`):
+the float log2 they used to go through put a few values next to a power of
+two (2^24 - 1 s, ...) one bucket too far.
 """
 
 from __future__ import annotations
@@ -45,35 +53,22 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from freescale.jagged.ops import segment_ids
+from freescale.kernels.backend import triton_available
+from freescale.kernels.hstu_attention import POSITION, TIME, Schedule, log_buckets
+from freescale.kernels.hstu_attention import hstu_attention as fused_attention
 from freescale.models.small_embedding import SmallEmbedding
 
-IMPLS = ("auto", "reference", "padded")
-
-# Relative position: 0..7 exactly, then 2 buckets per doubling up to 8·2^12.
-POSITION_BUCKETS, POSITION_EXACT, POSITION_PER_OCTAVE = 32, 8, 2
-# Relative time (the timestamps' unit, seconds for the built-in sources):
-# 0, then one bucket per doubling up to 2^31 (68 years of seconds).
-TIME_BUCKETS, TIME_EXACT, TIME_PER_OCTAVE = 32, 1, 1
-
-
-def log_buckets(x: Tensor, exact: int, per_octave: int, buckets: int) -> Tensor:
-    """Bucket of each ``|x|`` (int32): values below ``exact`` get their own,
-    then ``per_octave`` buckets per doubling; the last bucket holds the rest.
-
-    Near differences matter one by one, far ones only by their order of
-    magnitude (HSTU log-buckets time the same way)."""
-    x = x.abs()
-    octaves = torch.log2(x.clamp(min=exact).to(torch.float32) / exact)
-    far = exact + (octaves * per_octave).floor().to(x.dtype)
-    return torch.where(x < exact, x, far).clamp(max=buckets - 1).to(torch.int32)
+IMPLS = ("auto", "reference", "padded", "fused")
 
 
 def position_buckets(rel: Tensor) -> Tensor:
-    return log_buckets(rel, POSITION_EXACT, POSITION_PER_OCTAVE, POSITION_BUCKETS)
+    """Relative position buckets: 0..7 exactly, then 2 per doubling (`kernels.hstu_attention`)."""
+    return log_buckets(rel, POSITION)
 
 
 def time_buckets(dt: Tensor) -> Tensor:
-    return log_buckets(dt, TIME_EXACT, TIME_PER_OCTAVE, TIME_BUCKETS)
+    """Relative time buckets: 0, then one per doubling of the timestamps' unit."""
+    return log_buckets(dt, TIME)
 
 
 class RelativeBias(nn.Module):
@@ -83,8 +78,8 @@ class RelativeBias(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.position = SmallEmbedding(POSITION_BUCKETS, 1)
-        self.time = SmallEmbedding(TIME_BUCKETS, 1)
+        self.position = SmallEmbedding(POSITION.count, 1)
+        self.time = SmallEmbedding(TIME.count, 1)
         nn.init.zeros_(self.position.weight)  # start as plain SiLU attention
         nn.init.zeros_(self.time.weight)
 
@@ -92,13 +87,20 @@ class RelativeBias(nn.Module):
         """Bias of each pair (the two id tensors broadcast against each other)."""
         return self.position(position_ids).squeeze(-1) + self.time(time_ids).squeeze(-1)
 
+    def tables(self) -> tuple[Tensor, Tensor]:
+        """The two tables as flat views (what the fused kernels read)."""
+        return self.position.weight.view(-1), self.time.weight.view(-1)
 
-def resolve_impl(impl: str) -> str:
-    """``auto`` -> ``padded``, on every device (on the CPU too it is the faster:
-    a few large kernels instead of a loop); ``reference`` is for checking it."""
+
+def resolve_impl(impl: str, on_cuda: bool = False) -> str:
+    """``auto`` -> ``fused`` on CUDA where Triton imports, else ``padded`` (on the
+    CPU the faster of the two torch paths: a few large kernels instead of a loop);
+    ``reference`` is for checking them."""
     if impl not in IMPLS:
-        raise ValueError(f"hstu attention must be auto, reference or padded, got {impl!r}")
-    return "padded" if impl == "auto" else impl
+        raise ValueError(f"hstu attention must be auto, reference, padded or fused, got {impl!r}")
+    if impl == "auto":
+        return "fused" if on_cuda and triton_available() else "padded"
+    return impl
 
 
 @dataclass(frozen=True)
@@ -130,11 +132,19 @@ def candidate_times(
     return last[segment_ids(cand_offsets, num_candidates)]
 
 
-def _self_term(bias: RelativeBias, q_c: Tensor, k_c: Tensor, v_c: Tensor, common: Common) -> Tensor:
+def _self_term(
+    bias: RelativeBias | None, q_c: Tensor, k_c: Tensor, v_c: Tensor, inv_len_cand: Tensor
+) -> Tensor:
     """Each candidate's attention to itself (relative position and time 0)."""
-    zero = torch.zeros(1, dtype=torch.int32, device=q_c.device)
-    score = (q_c * q_c.shape[-1] ** -0.5 * k_c).sum(-1, keepdim=True) + bias(zero, zero)
-    return F.silu(score) * common.inv_len_cand * v_c
+    score = (q_c * q_c.shape[-1] ** -0.5 * k_c).sum(-1, keepdim=True)
+    if bias is not None:
+        zero = torch.zeros(1, dtype=torch.int32, device=q_c.device)
+        score = score + bias(zero, zero)
+    return F.silu(score) * inv_len_cand * v_c
+
+
+def _rab(bias: RelativeBias | None, pos: Tensor, dt: Tensor) -> Tensor | float:
+    return 0.0 if bias is None else bias(pos, dt)
 
 
 @dataclass(frozen=True)
@@ -150,7 +160,7 @@ class ReferenceLayout:
 
     def attend(
         self,
-        bias: RelativeBias,
+        bias: RelativeBias | None,
         qkv_u: tuple[Tensor, Tensor, Tensor],
         qkv_c: tuple[Tensor, Tensor, Tensor],
         uih_out: bool = True,
@@ -165,12 +175,12 @@ class ReferenceLayout:
             inv_n = 1.0 / (h1 - h0 + 1)
             q, k, v = q_u[h0:h1], k_u[h0:h1], v_u[h0:h1]
             if uih_out:
-                s = torch.einsum("qhd,khd->hqk", q * alpha, k) + bias(pos, dt)
+                s = torch.einsum("qhd,khd->hqk", q * alpha, k) + _rab(bias, pos, dt)
                 a = F.silu(s) * causal * inv_n
                 outs_u.append(torch.einsum("hqk,khd->qhd", a, v))
-            s_c = torch.einsum("chd,khd->hck", q_c[c0:c1] * alpha, k) + bias(pos_c, dt_c)
+            s_c = torch.einsum("chd,khd->hck", q_c[c0:c1] * alpha, k) + _rab(bias, pos_c, dt_c)
             outs_c.append(torch.einsum("hck,khd->chd", F.silu(s_c) * inv_n, v))
-        out_c = torch.cat(outs_c) + _self_term(bias, q_c, k_c, v_c, self.common)
+        out_c = torch.cat(outs_c) + _self_term(bias, q_c, k_c, v_c, self.common.inv_len_cand)
         return (torch.cat(outs_u) if uih_out else None), out_c
 
 
@@ -225,7 +235,7 @@ class PaddedLayout:
 
     def attend(
         self,
-        bias: RelativeBias,
+        bias: RelativeBias | None,
         qkv_u: tuple[Tensor, Tensor, Tensor],
         qkv_c: tuple[Tensor, Tensor, Tensor],
         uih_out: bool = True,
@@ -238,16 +248,18 @@ class PaddedLayout:
         out_u = None
         if uih_out:
             q = self._pad(q_u, self.uih_slot, self.max_uih)
-            s = (q * alpha) @ k.transpose(-1, -2) + bias(self.pos_ids, self.time_ids)[:, None]
+            rab = _rab(bias, self.pos_ids, self.time_ids)
+            s = (q * alpha) @ k.transpose(-1, -2) + (rab[:, None] if bias is not None else 0.0)
             # Padded queries are never read back; padded keys lie above the diagonal
             # of every real query, so the causal mask alone covers them.
             a = F.silu(s) * self.causal
             out_u = self._unpad(a @ v, self.uih_slot) * self.common.inv_len_uih
         q = self._pad(q_c, self.cand_slot, self.max_cand)
-        rab = bias(self.cand_pos_ids, self.cand_time_ids)[:, None]
+        rab = _rab(bias, self.cand_pos_ids, self.cand_time_ids)
+        rab = rab[:, None] if bias is not None else 0.0
         a = F.silu((q * alpha) @ k.transpose(-1, -2) + rab) * self.key_valid
         out_c = self._unpad(a @ v, self.cand_slot) * self.common.inv_len_cand
-        return out_u, out_c + _self_term(bias, q_c, k_c, v_c, self.common)
+        return out_u, out_c + _self_term(bias, q_c, k_c, v_c, self.common.inv_len_cand)
 
 
 def padded_layout(
@@ -294,6 +306,43 @@ def padded_layout(
     )
 
 
+@dataclass(frozen=True)
+class FusedLayout:
+    """The packed rows as the fused Triton kernels read them (`kernels.hstu_attention`)."""
+
+    schedule: Schedule
+    uih_times: Tensor  # int64 [Tu]
+    cand_times: Tensor  # int64 [Tc]
+    inv_len_cand: Tensor  # [Tc, 1, 1] 1/(L+1) of each candidate's sample
+
+    def attend(
+        self,
+        bias: RelativeBias | None,
+        qkv_u: tuple[Tensor, Tensor, Tensor],
+        qkv_c: tuple[Tensor, Tensor, Tensor],
+        uih_out: bool = True,
+    ) -> tuple[Tensor | None, Tensor]:
+        """Same contract as `ReferenceLayout.attend`."""
+        (q_u, k_u, v_u), (q_c, k_c, v_c) = qkv_u, qkv_c
+        extra = (self.uih_times, self.cand_times, *bias.tables()) if bias is not None else ()
+        out_u, out_c = fused_attention(q_u, k_u, v_u, q_c, self.schedule, *extra, uih_out=uih_out)
+        return out_u, out_c + _self_term(bias, q_c, k_c, v_c, self.inv_len_cand)
+
+
+def fused_layout(
+    uih_offsets: Tensor, cand_offsets: Tensor, uih_times: Tensor, cand_times: Tensor
+) -> FusedLayout:
+    """The kernels' schedule of the batch, once per forward (no host read)."""
+    n_u, n_c = uih_times.numel(), cand_times.numel()
+    inv = 1.0 / (uih_offsets.diff() + 1).to(torch.float32)
+    return FusedLayout(
+        schedule=Schedule(uih_offsets, cand_offsets, n_u, n_c),
+        uih_times=uih_times,
+        cand_times=cand_times,
+        inv_len_cand=inv[segment_ids(cand_offsets, n_c)].view(-1, 1, 1),
+    )
+
+
 def layout(
     impl: str,
     uih_offsets: Tensor,
@@ -302,12 +351,14 @@ def layout(
     cand_times: Tensor | None,
     num_candidates: int,
     max_lengths: tuple[int, int] | None = None,
-) -> ReferenceLayout | PaddedLayout:
+) -> ReferenceLayout | PaddedLayout | FusedLayout:
     """The layout of ``impl`` (resolved) for one forward; ``cand_times`` None:
     each candidate at its sample's last event (`candidate_times`)."""
     if cand_times is None:
         cand_times = candidate_times(uih_offsets, uih_times, cand_offsets, num_candidates)
     if impl == "reference":
         return reference_layout(uih_offsets, cand_offsets, uih_times, cand_times)
+    if impl == "fused":
+        return fused_layout(uih_offsets, cand_offsets, uih_times, cand_times)
     max_uih, max_cand = max_lengths or (None, None)
     return padded_layout(uih_offsets, cand_offsets, uih_times, cand_times, max_uih, max_cand)

@@ -26,6 +26,7 @@ import freescale.kernels.triton_bucketize as bucketize
 import freescale.kernels.triton_collision as collision
 import freescale.kernels.triton_common as common
 import freescale.kernels.triton_dispatch as dispatch
+import freescale.kernels.triton_hstu_attention as hstu
 import freescale.kernels.triton_permute as permute
 import freescale.kernels.triton_rows as rows
 import freescale.kernels.triton_small_table as small_table
@@ -142,9 +143,35 @@ def variants(quick: bool = False) -> Iterator[Variant]:
         ptrs = {"now": dtype, "nxt": dtype, "now_to_next": i64, "next_to_now": i64}
         consts = {"BLOCK": collision.BLOCK}
         yield f"collision {dtype}", collision._collision_kernel, ptrs, consts
+    yield from hstu_variants(quick)
     slots = {"now": i64, "nxt": i64, "sorted_now": i64, "sorted_next": i64, "stats": i64}
     ptrs = {**slots, "now_mark": "*u8", "next_mark": "*u8"}
     yield "collision.marks", collision._marks_kernel, ptrs, {"BLOCK": collision.BLOCK}
+
+
+def hstu_variants(quick: bool) -> Iterator[Variant]:
+    """The fused HSTU attention's kernels: each head dim the model uses, bias or not,
+    with and without history outputs, at each kernel's first and last config."""
+    from freescale.kernels.hstu_attention import CONFIGS
+
+    i64 = "*i64"
+    kernels = {"fwd": hstu._fwd_kernel, "dq": hstu._dq_kernel, "dkdv": hstu._dkdv_kernel}
+    for (kind, kernel), dtype, head_dim, bias, uih_out in itertools.product(
+        kernels.items(), ("*bf16", "*fp32"), (32, 64, 128), (True, False), (True, False)
+    ):
+        if quick and (dtype == "*fp32" or head_dim != 64 or not uih_out):
+            continue
+        ints = ("DH", "H")
+        ptrs = {p.name: dtype for p in kernel.params
+                if p.name[0].isupper() and not p.is_constexpr and p.name not in ints}  # fmt: skip
+        ptrs |= {n: i64 for n in ("T_u", "T_c", "UIH_OFF", "CAND_OFF", "ORDER")}
+        ptrs |= {"BLOCK_START": "*i32", "POS": "*fp32", "TIME": "*fp32", "alpha": "fp32"}
+        ptrs |= {"DPOS": "*fp32", "DTIME": "*fp32"}
+        for bm, bn, _, _ in (CONFIGS[kind][0], CONFIGS[kind][-1]):
+            consts = {"D": head_dim, "BM": bm, "BN": bn, "UIH_OUT": uih_out, "HAS_BIAS": bias,
+                      "FAST": True, "PREC": "ieee" if dtype == "*fp32" else "tf32"}  # fmt: skip
+            name = f"hstu.{kind} {dtype} d={head_dim} bias={bias} uih_out={uih_out} {bm}x{bn}"
+            yield name, kernel, ptrs, consts
 
 
 def main() -> int:

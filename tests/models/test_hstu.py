@@ -152,10 +152,11 @@ def test_missing_timestamps_count_as_time_zero():
 
 def test_log_buckets():
     x = torch.tensor([0, 1, 7, 8, 11, 12, 16, -16, 10**9])
-    got = hattn.log_buckets(x, exact=8, per_octave=2, buckets=32).tolist()
     # below 8 exact; 8..11 -> 8 (log2 < 0.5), 12..15 -> 9, 16 -> 10; |x|; the rest clamps
-    assert got == [0, 1, 7, 8, 8, 9, 10, 10, 31]
+    assert hattn.position_buckets(x).tolist() == [0, 1, 7, 8, 8, 9, 10, 10, 31]
     assert hattn.time_buckets(torch.tensor([0, 1, 2, 3, 4, 2**40])).tolist() == [0, 1, 2, 2, 3, 31]
+    # exact next to powers of two, where float32 log2 rounds up: 2^24 - 1 is in 2^23's bucket
+    assert hattn.time_buckets(torch.tensor([2**24 - 1, 2**24])).tolist() == [24, 25]
 
 
 def test_flops_of_a_small_batch_by_hand():
@@ -197,7 +198,7 @@ def _sample(length: int, candidates: int) -> SampleBatch:
 def test_bad_configs_are_one_line():
     with pytest.raises(ValueError, match="divisible"):
         HSTUConfig(dim=10, heads=3)
-    with pytest.raises(ValueError, match="auto, reference or padded"):
+    with pytest.raises(ValueError, match="auto, reference, padded or fused"):
         HSTUConfig(attention="flash")
     with pytest.raises(ValueError, match="layers"):
         HSTUConfig(layers=0)
@@ -205,13 +206,15 @@ def test_bad_configs_are_one_line():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_padded_path_on_gpu_matches_the_cpu_reference():
+@pytest.mark.parametrize("attention", ["padded", "fused"])
+@pytest.mark.parametrize("case", ["long", "awkward"])
+def test_gpu_paths_match_the_cpu_reference(attention, case):
     """fp32 on CUDA (the Triton backward of the bias tables included) against
     the CPU loop, to rounding; bf16 autocast within a few bf16 roundings per layer."""
-    seed, b, max_uih, max_cand = CASES["long"]
+    seed, b, max_uih, max_cand = CASES[case]
     batch = timed(random_batch(seed, b, max_uih, max_cand, num_items=100), seed, True)
     ref_logits, ref_grads = _run(model("reference"), batch)
-    logits, grads = _run(model("padded").cuda(), batch.to("cuda"))
+    logits, grads = _run(model(attention).cuda(), batch.to("cuda"))
     terms, depth = max(max_uih + 1, 4 * DIM), 2 * LAYERS + 1
     assert_reordered_close(logits, ref_logits, terms=terms, depth=depth)
     for name, grad in ref_grads.items():
@@ -219,7 +222,7 @@ def test_padded_path_on_gpu_matches_the_cpu_reference():
         # (w spans [-1, 1]): its rounding follows its terms' size Σ|w_i| <= n.
         mag = float(ref_logits.numel()) if name == "head.1.bias" else None
         assert_reordered_close(grads[name], grad, terms=terms, depth=depth, magnitude=mag, msg=name)
-    logits, grads = _run(model("padded").cuda(), batch.to("cuda"), amp=True)
+    logits, grads = _run(model(attention).cuda(), batch.to("cuda"), amp=True)
     bound = SAFETY * eps_of(torch.bfloat16) * depth  # relative, in norm
     assert float((logits - ref_logits).norm() / ref_logits.norm()) < bound
     for name in ("item_emb.weight", "layers.0.f1.weight", "layers.0.bias.time.weight"):
