@@ -23,8 +23,9 @@ Lengths: ``lengths = "h200-21k"``: the preset's synthetic source
 Amazon Beauty (``scenarios/beauty-lengths.txt``, a histogram committed because
 the GPU machine cannot read the data), drawn with seed 0, times ``scale``,
 synthetic timestamps (60 s mean gaps) and candidates as the preset's.
-Inputs: q, k, v random normal, contiguous ``[T, H, d]``, fresh per point; the
-peer gets the same values, packed. bf16 (ours under autocast, as in training).
+Inputs: q, k, v and the output gradients random normal, contiguous ``[T, H, d]``,
+fresh per point (seeded by its index); the peer gets the same values, packed.
+bf16 (ours under autocast, as in training; its bias tables float32).
 
 Numbers: ``ms`` the median fwd + bwd (``triton.testing.do_bench``: warm-up
 25 ms, 100 ms of repeats) of ``attend`` + ``autograd.grad`` of every input
@@ -37,6 +38,8 @@ counting over causal pairs: forward 4·d·H·pairs FLOPs, pairs = Σ L(L+1)/2 +
 every variant, whatever it really computes). ``vs_peer`` = peer ms / ours;
 ``mem_vs_peer`` = ours / peer GiB; ``speed_ok``, ``memory_ok`` the issue's
 targets (``targets``), null without a peer. An OOM is ``status = "oom"``.
+Each point's rows are also appended to ``RAW/rows.jsonl`` as it ends (a run cut
+short keeps them); ``FREESCALE_HSTU_POINTS=0,3`` runs only those points.
 
 **parity** (scenario ``hstu-parity``). Training runs through `train.run_point`
 (``freescale train``, world size 1): ``candidate`` seed 0 against ``baseline``
@@ -141,7 +144,9 @@ class Inputs:
     packed: list[torch.Tensor]  # q, k, v [T, H, d], history then candidates per sample
     uih: list[torch.Tensor]  # the same values, history rows [Tu, H, d]
     cand: list[torch.Tensor]  # candidate rows [Tc, H, d]
+    douts: list[torch.Tensor]  # random output gradients: history, candidates, packed
     max_lengths: tuple[int, int]
+    num_candidates: int
 
 
 def make_inputs(shape: Jagged, heads: int, dim: int, dtype: torch.dtype, dev: str,
@@ -154,11 +159,12 @@ def make_inputs(shape: Jagged, heads: int, dim: int, dtype: torch.dtype, dev: st
     cand_rows = so[sc] + lu[sc] + torch.arange(n_c, device=dev) - co[sc]
     g = torch.Generator(dev).manual_seed(seed)
     packed = [torch.randn(n_u + n_c, heads, dim, generator=g, device=dev, dtype=dtype)
-              for _ in range(3)]  # fmt: skip
+              for _ in range(4)]  # fmt: skip
+    douts = [packed[3][uih_rows], packed[3][cand_rows], packed.pop()]
     max_lengths = (int(shape.uih_lengths.max()), int(shape.cand_counts.max()))
     return Inputs(shape, uo, co, shape.uih_times.to(dev), so, packed,
-                  [x[uih_rows] for x in packed], [x[cand_rows] for x in packed],
-                  max_lengths)  # fmt: skip
+                  [x[uih_rows] for x in packed], [x[cand_rows] for x in packed], douts,
+                  max_lengths, n_c)  # fmt: skip
 
 
 def leaves(xs: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -175,10 +181,12 @@ class Variant:
     has_layout: bool = True
 
 
-def fwd_bwd(outs: list[torch.Tensor], inputs: list[torch.Tensor], seed: int) -> list[torch.Tensor]:
-    g = torch.Generator(outs[0].device).manual_seed(seed)
-    grads = [torch.randn(o.shape, generator=g, device=o.device, dtype=o.dtype) for o in outs]
-    return [*outs, *torch.autograd.grad(outs, inputs, grads)]
+def fwd_bwd(outs: list[torch.Tensor], inputs: list[torch.Tensor],
+            douts: list[torch.Tensor]) -> list[torch.Tensor]:  # fmt: skip
+    """Outputs and the gradients of ``inputs`` (``douts`` cast to each output's dtype:
+    under autocast the padded path's outputs are float32)."""
+    douts = [d.to(o.dtype) for o, d in zip(outs, douts, strict=True)]
+    return [*outs, *torch.autograd.grad(outs, inputs, douts)]
 
 
 def ours(name: str, impl: str, x: Inputs, bias: torch.nn.Module | None) -> Variant:
@@ -190,12 +198,12 @@ def ours(name: str, impl: str, x: Inputs, bias: torch.nn.Module | None) -> Varia
     def prepare() -> Any:
         with torch.autocast(dev, dtype=torch.bfloat16, enabled=amp):
             return hattn.layout(impl, x.uih_offsets, x.cand_offsets, x.uih_times, None,
-                                int(x.cand_offsets[-1]), x.max_lengths)  # fmt: skip
+                                x.num_candidates, x.max_lengths)  # fmt: skip
 
     def step(lay: Any) -> list[torch.Tensor]:
         with torch.autocast(dev, dtype=torch.bfloat16, enabled=amp):
             out_u, out_c = lay.attend(bias, tuple(uih), tuple(cand), True)
-        return fwd_bwd([out_u, out_c], [*uih, *cand, *params], 1)
+        return fwd_bwd([out_u, out_c], [*uih, *cand, *params], x.douts[:2])
 
     return Variant(name, prepare, step)
 
@@ -222,7 +230,7 @@ def peer(mha: Callable, x: Inputs) -> Variant:
     alpha = q.shape[-1] ** -0.5
 
     def step(_: Any) -> list[torch.Tensor]:
-        return fwd_bwd([mha(n, alpha, q, k, v, x.seq_offsets, targets)], [q, k, v], 1)
+        return fwd_bwd([mha(n, alpha, q, k, v, x.seq_offsets, targets)], [q, k, v], x.douts[2:])
 
     return Variant("peer", lambda: None, step, has_layout=False)
 
@@ -313,8 +321,10 @@ def attention(s: Scenario, ctx: Ctx) -> Result:
     mha, peer_line = load_peer(p.get("peer", ".peer"))
     print(peer_line, flush=True)
     rows: list[dict[str, Any]] = []
-    for i, point in enumerate(p["points"]):
-        point = {"lengths": preset, **point}
+    only = os.environ.get("FREESCALE_HSTU_POINTS")  # "0,3,4": a part of the points (long runs)
+    picked = [int(i) for i in only.split(",")] if only else range(len(p["points"]))
+    for i in picked:
+        point = {"lengths": preset, **p["points"][i]}
         x = make_inputs(jagged(point, preset), point["heads"], point["head_dim"], dtype, dev, i)
         bias = hattn.RelativeBias().to(dev)
         for t in bias.parameters():
@@ -325,6 +335,8 @@ def attention(s: Scenario, ctx: Ctx) -> Result:
         here = point_rows(point, x, variants, dev)
         judge(here, name, p.get("targets", {}))
         rows += here
+        with (ctx.raw / "rows.jsonl").open("a") as f:  # kept if the run is cut short
+            f.writelines(json.dumps(r) + "\n" for r in here)
         del x, variants, bias
         free(dev)
     return Result(rows, attention_sections(rows, name, peer_line, p.get("targets", {})))
