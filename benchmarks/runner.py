@@ -16,6 +16,9 @@ Checks (``[[checks]]`` in a scenario), each over the rows:
 - ``{kind = "baseline", metric = M, file = F, match = [...], tolerance = T}``:
   M <= the baseline row's M + T (F: a report's .jsonl, or a JSON with "rows");
 - ``{kind = "true", field = F}``: every row's F is true (rows where F is null are skipped).
+
+Any check may add ``where = {KEY = VALUE, ...}``: it then looks only at the rows
+with those values (e.g. MFU >= 25 % at UIH 21000, batch 128 alone).
 """
 
 from __future__ import annotations
@@ -130,6 +133,8 @@ def _baseline_rows(path: str) -> list[dict]:
 def check(spec: dict[str, Any], rows: list[dict]) -> list[dict[str, Any]]:
     """The checks ``spec`` makes over ``rows`` (one per row or pair of rows)."""
     kind, metric = spec["kind"], spec.get("metric", spec.get("field", ""))
+    if where := spec.get("where"):
+        rows = [r for r in rows if all(r.get(k) == v for k, v in where.items())]
     out = []
     if kind in ("max", "min"):
         sign = "<=" if kind == "max" else ">="

@@ -15,6 +15,17 @@ popularity baseline the summary prints) and writes
 
     .venv/bin/python scripts/beauty_table.py [--data /work/shared/data/beauty.txt]
 
+``--attention fused,padded --seeds 0,1`` trains HSTU alone instead, once per
+attention and seed (``model.attention``, ``run.seed``), and checks that each
+attention's test HR@10 / NDCG@10 lies within the spread of the last one's two
+seeds (issue 41: the fused kernel changes speed, not quality; the rule is in
+`spread_verdicts`). ``--gpu`` runs on one GPU (``run.device=cuda``,
+``run.nproc=1``, batch 128: the samples per step of 2 ranks x 64) through
+``python -m freescale.cli.main``, for machines without the ``.venv``::
+
+    python scripts/beauty_table.py --gpu --attention fused,padded --seeds 0,1 \
+        --hstu-dim 64 --data .data/beauty.txt --out benchmarks/results/hstu-beauty
+
 Each run logs to ``--logs`` (default ``/tmp/beauty-table``); ``--reuse``
 takes a run's summary from its log when the log's first line is the same
 command (so runs started separately are not repeated).  The config keys are
@@ -52,6 +63,8 @@ KEYS = {
     "progress": "output.progress",
     "seed": "run.seed",
     "model": "model",
+    "attention": "model.attention",
+    "hstu_dim": "model.dim",
 }
 
 COMMON = {
@@ -67,16 +80,26 @@ COMMON = {
     "seed": 0,
 }
 N_CATEGORIES = 64
+GPU = {"device": "cuda", "nproc": 1, "batch_size": 128}  # --gpu: one GPU, the same samples per step
 
 
-def settings(name: str, data: Path, parquet: Path) -> list[tuple[str, object]]:
-    """(key, value) pairs of run ``name``; model options are ``model.KEY``."""
+def settings(
+    name: str, data: Path, parquet: Path, gpu: bool = False, hstu_dim: int = 32
+) -> list[tuple[str, object]]:
+    """(key, value) pairs of run ``name`` (``hstu-ATTENTION-sSEED`` for the
+    attention runs); model options are ``model.KEY``."""
     sasrec = [(KEYS["data"], f"sasrec:{data}")]
-    common = [(KEYS[k], v) for k, v in COMMON.items()]
+    values = {**COMMON, **(GPU if gpu else {})}
+    hstu = [(KEYS["model"], "freescale.models.hstu:build"), (KEYS["hstu_dim"], hstu_dim)]
+    if name.startswith("hstu-"):
+        attention, seed = name.removeprefix("hstu-").rsplit("-s", 1)
+        values["seed"] = int(seed)
+        hstu.append((KEYS["attention"], attention))
+    common = [(KEYS[k], v) for k, v in values.items()]
     if name == "reference":
         return sasrec + common
-    if name == "hstu":
-        return sasrec + common + [(KEYS["model"], "freescale.models.hstu:build"), ("model.dim", 32)]
+    if name == "hstu" or name.startswith("hstu-"):
+        return sasrec + common + hstu
     if name == "categories":
         return [
             (KEYS["data"], f"parquet:{parquet}"),
@@ -92,8 +115,9 @@ def settings(name: str, data: Path, parquet: Path) -> list[tuple[str, object]]:
 MODELS = ("reference", "hstu", "categories")
 
 
-def command(pairs: list[tuple[str, object]]) -> list[str]:
-    out = list(CLI)
+def command(pairs: list[tuple[str, object]], gpu: bool = False) -> list[str]:
+    module = gpu or not (ROOT / CLI[0]).exists()  # no .venv here: this interpreter's freescale
+    out = [sys.executable, "-m", "freescale.cli.main", "train"] if module else list(CLI)
     for k, v in pairs:
         out += ["--set", f"{k}={v}"]
     return out
@@ -157,12 +181,21 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/beauty-table")
     ap.add_argument("--only", default=",".join(MODELS), help="comma-separated models")
     ap.add_argument("--reuse", action="store_true", help="take summaries from matching logs")
+    ap.add_argument("--attention", default="", help="HSTU only: these model.attention values")
+    ap.add_argument("--seeds", default="0", help="with --attention: comma-separated run.seed")
+    ap.add_argument("--hstu-dim", type=int, default=32, help="HSTU model.dim")
+    ap.add_argument("--gpu", action="store_true", help="one GPU, python -m freescale.cli.main")
+    ap.add_argument("--steps", type=int, default=COMMON["steps"], help="training steps per run")
     args = ap.parse_args()
+    COMMON["steps"] = args.steps
     args.logs.mkdir(parents=True, exist_ok=True)
     commit = git_commit()  # the code the runs use (taken before they start)
     data = args.data.resolve()
     parquet = args.logs / "beauty-categories.parquet"
     only = args.only.split(",")
+    if args.attention:
+        seeds = args.seeds.split(",")
+        only = [f"hstu-{a}-s{s}" for a in args.attention.split(",") for s in seeds]
     commands: list[str] = []
     if "categories" in only:
         prep = [sys.executable, "-m", "examples.categories", str(data), str(parquet),
@@ -173,7 +206,7 @@ def main() -> None:
             subprocess.run(prep, cwd=ROOT, check=True)
     rows, popularity, counts = {}, None, None
     for name in only:
-        argv = command(settings(name, data, parquet))
+        argv = command(settings(name, data, parquet, args.gpu, args.hstu_dim), args.gpu)
         commands.append(shlex.join(argv))
         summary, wall = run(name, argv, args.logs, args.reuse)
         ev = summary["eval"]
@@ -183,16 +216,46 @@ def main() -> None:
         elif ev["popularity_test"] != popularity or ev["data"] != counts:
             sys.exit(f"{name}: not the same split or negatives: {ev['popularity_test']} "
                      f"!= {popularity}")  # fmt: skip
-    report(args.out, rows, popularity, counts, commands, data, commit)
+    report(args.out, rows, popularity, counts, commands, data, commit, args.gpu)
 
 
-def report(out: Path, rows, popularity, counts, commands, data: Path, commit: str) -> None:
+def spread_verdicts(rows: dict, n_users: int) -> list[dict]:
+    """Each attention's seeds against the last attention's two (the reference path).
+
+    For metric M and seed s: within the spread when |M(a, s) - M(ref, s)| <=
+    |M(ref, s1) - M(ref, s0)| + 2·sqrt(m(1 - m)/n), m the reference's mean and n
+    the evaluated users: the two reference seeds' gap plus twice a bound on one
+    run's standard error (per-user HR and NDCG lie in [0, 1], so their variance is
+    at most m(1 - m)). Run names are ``hstu-ATTENTION-sSEED``."""
+    runs = {tuple(n.removeprefix("hstu-").rsplit("-s", 1)): r for n, r in rows.items()}
+    attentions = list(dict.fromkeys(a for a, _ in runs))
+    seeds = list(dict.fromkeys(s for _, s in runs))
+    if len(attentions) < 2 or len(seeds) < 2:
+        return []
+    ref, out = attentions[-1], []
+    for metric in ("hr@10", "ndcg@10"):
+        base = [runs[(ref, s)]["test"][metric] for s in seeds[:2]]
+        m = sum(base) / 2
+        margin = 2 * (m * (1 - m) / max(n_users, 1)) ** 0.5
+        for a in attentions[:-1]:
+            for s in seeds:
+                gap = abs(runs[(a, s)]["test"][metric] - runs[(ref, s)]["test"][metric])
+                out.append({"attention": a, "seed": s, "metric": metric, "gap": gap,
+                            "spread": abs(base[1] - base[0]), "margin": margin,
+                            "within": gap <= abs(base[1] - base[0]) + margin})  # fmt: skip
+    return out
+
+
+def report(out: Path, rows, popularity, counts, commands, data: Path, commit: str,
+           gpu: bool = False) -> None:  # fmt: skip
     import torch
 
+    where = (f"{torch.cuda.get_device_name(0)} (one GPU)" if gpu and torch.cuda.is_available()
+             else "CPU run, 2 gloo ranks")  # fmt: skip
     head = {
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": f"{cpu_model()}, {os.cpu_count()} CPUs visible, shared with other jobs "
-        "(CPU run, 2 gloo ranks)",
+        f"({where})",
         "torch": torch.__version__,
         "commit": commit,
         "data": str(data),
@@ -201,14 +264,16 @@ def report(out: Path, rows, popularity, counts, commands, data: Path, commit: st
         n: r["test"]["hr@10"] > popularity["hr@10"] and r["test"]["ndcg@10"] > popularity["ndcg@10"]
         for n, r in rows.items()
     }
+    hstu_only = all(n.startswith("hstu-") for n in rows)
+    title = "HSTU attentions and seeds" if hstu_only else "three models"
     lines = [
-        "# Beauty: three models against the popularity baseline",
+        f"# Beauty: {title} against the popularity baseline",
         "",
         *(f"- {k}: {v}" for k, v in head.items()),
         f"- users: {counts['users']}, evaluated: {counts['eval_users']}, training samples: "
         f"{counts['train_samples']}, dropped: {counts['users_dropped']}",
         "- split: leave-one-out; test = each user's last item against 100 sampled "
-        "negatives (the same for every run: the popularity row is identical in all three)",
+        "negatives (the same for every run: the popularity row is identical in all)",
         "",
         "| model | test HR@10 | test NDCG@10 | valid HR@10 | valid NDCG@10 | beats popularity "
         "| wall s |",
@@ -222,11 +287,21 @@ def report(out: Path, rows, popularity, counts, commands, data: Path, commit: st
             f"| {n} | {t['hr@10']:.4f} | {t['ndcg@10']:.4f} | {v['hr@10']:.4f} | "
             f"{v['ndcg@10']:.4f} | {'yes' if beats[n] else 'NO'} | {wall} |"
         )
+    verdicts = spread_verdicts(rows, counts["eval_users"]) if hstu_only else []
+    if verdicts:
+        lines += ["", "Within the spread of the last attention's two seeds (test; |a − ref| "
+                  "at the same seed ≤ |ref s1 − ref s0| + 2·sqrt(m(1 − m)/users)):", "",
+                  "| attention | seed | metric | gap | seed spread | margin | within |",
+                  "|---|---|---|---|---|---|---|"]  # fmt: skip
+        lines += [f"| {v['attention']} | {v['seed']} | {v['metric']} | {v['gap']:.4f} | "
+                  f"{v['spread']:.4f} | {v['margin']:.4f} | {'yes' if v['within'] else 'NO'} |"
+                  for v in verdicts]  # fmt: skip
     lines += ["", "Commands (from the repository root):", "", "```bash", *commands, "```", ""]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".md").write_text("\n".join(lines))
     record = {**head, "split": counts, "popularity_test": popularity, "runs": rows,
-              "beats_popularity": beats, "commands": commands}  # fmt: skip
+              "beats_popularity": beats, "commands": commands,
+              "within_spread": verdicts}  # fmt: skip
     out.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")
     print("\n".join(lines))
     print(json.dumps({"beats_popularity": beats}))

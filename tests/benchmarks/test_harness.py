@@ -141,7 +141,7 @@ def test_size_limits():
     assert len(py) <= 15
     assert sum(len(p.read_text().splitlines()) for p in py) <= 3500
     committed = [p for p in report.RESULTS.rglob("*") if p.is_file() and p.name != ".gitignore"]
-    assert len(committed) <= 60
+    assert len(committed) <= 64  # 56 before issue 41, whose hstu-* reports add 8
     assert sum(p.stat().st_size for p in committed) <= 3 * 1024 * 1024
 
 
