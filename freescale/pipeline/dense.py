@@ -121,6 +121,9 @@ class DenseTraining:
         self.compile_asked = section.compile
         if section.compile and self.graphs is None:
             compile_regions(model)
+        # Frames dynamo compiled from this step's forward to its optimizer step
+        # (an evaluation's compiles between steps are no step's)
+        self.step_frames, self._frames_before = 0, 0
         self.sync = DenseSync(model, timer.seq_mark)
         # Listed once: `Module.parameters()` walks the module tree on every call.
         self.params = list(model.parameters())
@@ -131,24 +134,17 @@ class DenseTraining:
         )
 
     def graph_summary(self) -> dict[str, Any]:
-        """The summary's word on ``dense.graphs``: nothing if not asked for."""
+        """The summary's word on ``dense.graphs`` and ``dense.compile``: nothing
+        for one not asked for; ``dense_compile`` says whether it ran."""
+        out = {}
+        if self.compile_asked:
+            out["dense_compile"] = compile_state(True, self.graphs is not None)
         if self.graphs is not None:  # captures after warm-up cost step time
-            return {"dense_graphs": "on", "dense_graphs_captured": self.graphs.captures}
-        return {"dense_graphs": self.graphs_skipped} if self.graphs_skipped else {}
-
-    def compile_summary(self) -> dict[str, Any]:
-        """The summary's word on ``dense.compile``: nothing if not asked for."""
-        if not self.compile_asked:
-            return {}
-        return {"dense_compile": compile_state(True, self.graphs is not None)}
-
-    @staticmethod
-    def compiled_frames() -> int:
-        """Frames dynamo compiled so far in this process (the step JSON's
-        ``compiled_frames`` is its increase over a training step)."""
-        return compiled_frames()
+            return {**out, "dense_graphs": "on", "dense_graphs_captured": self.graphs.captures}
+        return {**out, "dense_graphs": self.graphs_skipped} if self.graphs_skipped else out
 
     def forward(self, batch: Any) -> Tensor:
+        self._frames_before = compiled_frames()
         with self.autocast:
             return self.sync.ddp(batch)
 
@@ -172,4 +168,5 @@ class DenseTraining:
         flags = skip_flags(self.guard, self.params, self.device)
         self.optimizer.step_unless(flags[0].float())
         self.optimizer.zero_grad(set_to_none=True)
+        self.step_frames = compiled_frames() - self._frames_before
         return flags

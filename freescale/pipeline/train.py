@@ -182,15 +182,14 @@ class Trainer:
             feed.start_future(step)  # balancer stage I for step + 2
             if step + 1 < run.steps:
                 nxt = self._take(feed)
-            frames = self.dense.compiled_frames()
             bce, flags = self._train_step(step, batch, info, features)
-            frames = self.dense.compiled_frames() - frames  # dynamo's compiles in this step
             collision = self.schedule.collision_counts() if step + 1 < run.steps else None
             self.timer.add_interval("step", step_start, self.timer.mark())
             on_device = [bce.reshape(-1), flags]
             if math.isnan(info.positives):  # labels moved with the balanced samples
                 on_device.append(batch.labels.sum().double().reshape(1))
             values = torch.cat(on_device).double()  # fp32, bools (and fp64): exact in fp64
+            frames = self.dense.step_frames  # dynamo's compiles in the step (dense.compile)
             record = StepRecord(step, info, read_later(values), self.timer.take(), handle, frames)
             if collision is not None:
                 record.collision = read_later(collision)
@@ -229,8 +228,7 @@ class Trainer:
         }
         if self.state.data_position:
             extra["resumed"] = self.state.resumed()
-        extra.update(self.dense.graph_summary())
-        extra.update(self.dense.compile_summary())
+        extra.update(self.dense.graph_summary())  # and dense.compile's
         if final:
             extra["eval"] = final
             if samples := final.get("data", {}).get("train_samples"):  # unknown when streamed

@@ -199,7 +199,8 @@ def _train(device: str, extra: list[str]):
 
     sets = [f"run.device={device}", "run.nproc=1", "run.steps=10", "run.warmup=3",
             "run.batch_size=4", "data.max_uih=48", "data.num_items=500", "model.layers=2",
-            "data.loader_workers=0", "evaluation.every=0", "output.progress=false", *extra]  # fmt: skip
+            "data.loader_workers=0", "evaluation.every=0", "output.progress=false",
+            *extra]  # fmt: skip
     return freescale.train(config=build_config("demo", sets))
 
 

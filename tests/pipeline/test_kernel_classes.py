@@ -46,7 +46,7 @@ NAMES = {
     "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)": "other",
     "void at::native::(anonymous namespace)::indexSelectLargeIndex<float, long, unsigned int, 2, "
     "2, -2, true>(...)": "other",
-}
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("name", NAMES)
