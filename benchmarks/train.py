@@ -6,7 +6,9 @@ numbers come from what a run publishes: its summary (means over post-warm-up
 steps: step time, QPS, straggler %, compute, exposed communication per
 category, data wait, collision rates, NE), its per-step metrics JSON lines,
 and, when ``trace_steps`` is given, its profiler trace (rank 0's GPU idle %
-and host ms per step, `freescale.pipeline.trace`). At world size 1 the run
+and host ms per step, `freescale.pipeline.trace`; GPU ms and launches per
+step of each kernel class, ``ms_<class>`` / ``launches_<class>``,
+`freescale.pipeline.kernel_classes`). At world size 1 the run
 happens in this process (``in_process``), so peak GPU memory can be read.
 Model FLOPs per step, TFLOP/s per GPU and MFU are the trainer's own (its
 summary's ``step_tflop``, ``tflops``, ``mfu_pct``: null where the model counts
@@ -43,7 +45,7 @@ from .scenario import Scenario, setting
 SUMMARY_KEYS = ("step_ms", "compute_ms_mean", "qps", "straggler_pct", "data_wait_ms",
                 "data_wait_ms_max", "exposed_collision_ms", "collision_rows_pct",
                 "collision_ids_pct", "ne", "train_ne_last", "measured_steps", "step_tflop",
-                "tflops", "mfu_pct", "peak_tflops")  # fmt: skip
+                "tflops", "mfu_pct", "peak_tflops", "compiled_frames_after_warmup")  # fmt: skip
 
 
 def points(s: Scenario) -> list[dict[str, Any]]:
@@ -106,6 +108,8 @@ def run_point(s: Scenario, point: dict[str, Any], raw: Path) -> dict[str, Any]:
     assert summary is not None
     row: dict[str, Any] = {**point, "point": point, "point_s": time.perf_counter() - start}
     row.update({k: summary.get(k) for k in SUMMARY_KEYS})
+    # dense.compile's word (on, or why not: under graphs that ran); the axis keeps its value
+    row["compile_ran"] = summary.get("dense_compile", "off")
     for c in CATEGORIES:
         row[f"exposed_{c}_ms"] = summary["exposed_comm_ms"][c]
     row["peak_mem_gb"] = torch.cuda.max_memory_allocated() / 1e9 if cuda and local else None
@@ -126,18 +130,23 @@ def _steps(path: Path) -> list[dict[str, Any]]:
 
 
 def trace_numbers(path: Path, steps: str) -> dict[str, Any]:
-    """Rank 0's GPU idle % over the traced steps and host ms per traced step."""
+    """Rank 0's GPU idle % over the traced steps, host ms per traced step and
+    GPU ms / launches per traced step of each kernel class (summed over streams)."""
+    from freescale.pipeline.kernel_classes import kernel_times
     from freescale.pipeline.trace import gpu_gaps, host_steps, load_trace
 
     if not path.exists():
         return {"gpu_idle_pct": None, "host_ms": None}
     trace = load_trace(path)
     devices, hosts = gpu_gaps(trace).devices, host_steps(trace)
-    return {
+    row = {
         "gpu_idle_pct": devices[0].idle_pct if devices else None,
         "host_ms": statistics.mean(h.host_us for h in hosts) / 1e3 if hosts else None,
         "host_wait_ms": statistics.mean(h.wait_us for h in hosts) / 1e3 if hosts else None,
     }
+    for cls, t in kernel_times(trace).items():  # all 0 on a CPU-only trace
+        row[f"ms_{cls}"], row[f"launches_{cls}"] = round(t.ms, 4), round(t.launches, 2)
+    return row
 
 
 def loss_gaps(rows: list[dict[str, Any]], raw: Path) -> None:

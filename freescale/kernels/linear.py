@@ -38,12 +38,14 @@ class Linear(nn.Linear):
     kernel, ~29 times a step (UIH 2k, batch 32: 0.6 % of the step). The input
     and weight gradients are the same two matrix products as autograd's, to
     rounding; no double backward. Elsewhere (eager steps, where a memset costs
-    no more than a kernel and the custom function's host time would) it is
-    ``nn.Linear``."""
+    no more than a kernel and the custom function's host time would; compiled
+    regions, `dense.compile`, which never run inside these graphs and where
+    reading the context variable would break the graph) it is ``nn.Linear``."""
 
     def forward(self, x: Tensor) -> Tensor:
         if (
             self.bias is None
+            or torch.compiler.is_compiling()  # a compiled region: plain `nn.Linear`, no break
             or not _IN_GRAPHS.get()
             or x.dtype == torch.float64  # autocast leaves it alone; so does nn.Linear
             or choose_impl(None, x.device) != "triton"

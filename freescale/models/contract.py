@@ -30,7 +30,16 @@ supplies the defaults:
   same sizes whose values are zero), so it must depend on the sizes only;
 - optional ``block_stack``: the path of a `freescale.models.sequence.BlockStack`
   submodule, the model's capturable region: the pipeline may replace it with
-  one running the same blocks another way (replayed captures), from outside.
+  one running the same blocks another way (replayed captures), from outside;
+- optional ``compile_regions``: paths of submodules that ``dense.compile=true``
+  compiles, each in place with its own ``nn.Module.compile`` (a path naming an
+  ``nn.ModuleList`` compiles each of its children: one region per block, so
+  identical blocks share one compiled code). Parameters, state dict and module
+  tree stay as they are. A region's calls dynamo cannot trace without
+  specializing on the batch (per-sample loops, host-side layouts, opaque
+  kernels) are the model's to mark: a region module may override ``compile``
+  to swap such a call for its ``torch.compiler.disable``-d twin first (the
+  built-in `sequence.Block` does so for its attention).
 
 What the techniques need: load balancing moves whole samples between ranks,
 so ``forward`` must treat samples independently (no batch norm across
@@ -56,6 +65,7 @@ class RecModel(nn.Module):
 
     sharded_modules: tuple[str, ...] = ()
     block_stack: str | None = None  # path of a BlockStack submodule (optional)
+    compile_regions: tuple[str, ...] = ()  # submodules `dense.compile` compiles (optional)
 
     def embedding_inputs(self, batch: SampleBatch) -> dict[str, Any]:
         """``{module path: the input forward passes it}`` for every sharded module."""

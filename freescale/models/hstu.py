@@ -108,6 +108,7 @@ class HSTUModel(RecModel):
     """``model(batch) -> logits``, one per candidate, aligned with ``batch.labels``."""
 
     sharded_modules = ("item_emb",)
+    compile_regions = ("layers",)  # each layer (`dense.compile`; its attention traces too)
 
     def __init__(self, cfg: HSTUConfig) -> None:
         super().__init__()

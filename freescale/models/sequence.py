@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -83,6 +84,16 @@ class Block(nn.Module):
         self.mlp = nn.Sequential(
             Linear(d, cfg.mlp_ratio * d), nn.GELU(), Linear(cfg.mlp_ratio * d, d)
         )
+        self.attend = attend  # `compile` swaps in its opaque twin
+
+    def compile(self, *args: Any, **kwargs: Any) -> None:
+        """`nn.Module.compile`, with the attention left out of the compiled code:
+        it runs as it does eagerly (cuDNN's graphs, varlen, the reference's
+        per-sample loop, none of which dynamo should trace or specialize on),
+        one graph break per call; the norms, projections, head splits, casts,
+        residuals and MLP around it are compiled (`freescale.pipeline.compile`)."""
+        self.attend = torch.compiler.disable(attend)
+        super().compile(*args, **kwargs)
 
     def _heads(self, x: Tensor) -> Tensor:
         return x.view(x.shape[0], self.heads, x.shape[-1] // self.heads)  # 0 rows work too
@@ -102,14 +113,14 @@ class Block(nn.Module):
         self, cand: Tensor, qc: Tensor, ku: Tensor, vu: Tensor, layout: AttentionLayout
     ) -> Tensor:
         """The candidates after this block (cross-attention to the UIH, MLP)."""
-        cand = cand + self.proj(attend(qc, ku, vu, layout).flatten(1))
+        cand = cand + self.proj(self.attend(qc, ku, vu, layout).flatten(1))
         return cand + self.mlp(self.norm2(cand))
 
     def uih_update(
         self, uih: Tensor, qu: Tensor, ku: Tensor, vu: Tensor, layout: AttentionLayout
     ) -> Tensor:
         """The UIH after this block (causal self-attention, MLP)."""
-        uih = uih + self.proj(attend(qu, ku, vu, layout).flatten(1))
+        uih = uih + self.proj(self.attend(qu, ku, vu, layout).flatten(1))
         return uih + self.mlp(self.norm2(uih))
 
     def forward(
@@ -202,10 +213,11 @@ class SequenceModel(RecModel):
 
     Written against the model contract (`freescale.models.contract`): the item
     table is its one sharded module, looked up once per step; the blocks are
-    its capturable stack."""
+    its capturable stack and its compiled regions."""
 
     sharded_modules = ("item_emb",)
     block_stack = "blocks"
+    compile_regions = ("blocks",)  # each block (`dense.compile`)
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()

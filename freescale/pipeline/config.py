@@ -185,7 +185,8 @@ class EmbeddingsSection:
 
 @dataclass(frozen=True)
 class DenseSection:
-    """Dense training: Adam's lr, bf16 autocast, CUDA graphs of the block stack."""
+    """Dense training: Adam's lr, bf16 autocast, CUDA graphs of the block stack,
+    regional torch.compile of the model's blocks."""
 
     lr: float = 3e-3
     amp: str = "none"  # none | bf16 (autocast of the dense model on CUDA)
@@ -199,8 +200,15 @@ class DenseSection:
     # inside those graphs, the candidate path on its own stream (2) or not (1):
     # same kernels, same numbers; 1 is the reference of an A/B
     graph_streams: int = 2
+    # torch.compile of each block (the model's `compile_regions`), token dimension
+    # dynamic: the memory-bound work around the attention fused, forward and
+    # backward; numbers within rounding of eager. Not with graphs that run (the
+    # summary's `dense_compile` says which ran); on the CPU too when asked
+    compile: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.compile, bool):
+            raise ValueError(f"dense.compile must be true or false, got {self.compile!r}")
         _choice("dense.amp", self.amp, ("none", "bf16"))
         _finite("dense", "lr", self.lr, 0, strict=True)
         if self.graph_max_tokens < 0:

@@ -2,7 +2,8 @@
 
 Built from the ``dense`` and ``faults`` sections: Adam over the dense
 parameters, DDP with a *sum* all-reduce (`DenseSync`), bf16 autocast, CUDA
-graphs of the model's block stack (`freescale.pipeline.graphs`) and the
+graphs of the model's block stack (`freescale.pipeline.graphs`) or regional
+``torch.compile`` of its blocks (`freescale.pipeline.compile`) and the
 non-finite guard's skip flags and count (`freescale.pipeline.nonfinite`).
 """
 
@@ -16,6 +17,7 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from freescale.models.sequence import check_attention_device
+from freescale.pipeline.compile import compile_regions, compile_state, compiled_frames
 from freescale.pipeline.config import DenseSection, FaultsSection
 from freescale.pipeline.graphs import BlockGraphs, install_graphs
 from freescale.pipeline.nonfinite import NonFiniteCount, skip_flags
@@ -114,6 +116,14 @@ class DenseTraining:
         ):  # before DDP: it wraps the model as it will run
             # One rank: no DDP hook to feed, the graphs set `.grad` themselves.
             self.graphs = install_graphs(model, section.graph_streams == 2, world == 1)
+        # Graphs that run replay the blocks' eager path methods: compile would not
+        # apply there, so it is off and the summary says so (`compile_state`).
+        self.compile_asked = section.compile
+        if section.compile and self.graphs is None:
+            compile_regions(model)
+        # Frames dynamo compiled from this step's forward to its optimizer step
+        # (an evaluation's compiles between steps are no step's)
+        self.step_frames, self._frames_before = 0, 0
         self.sync = DenseSync(model, timer.seq_mark)
         # Listed once: `Module.parameters()` walks the module tree on every call.
         self.params = list(model.parameters())
@@ -124,12 +134,17 @@ class DenseTraining:
         )
 
     def graph_summary(self) -> dict[str, Any]:
-        """The summary's word on ``dense.graphs``: nothing if not asked for."""
+        """The summary's word on ``dense.graphs`` and ``dense.compile``: nothing
+        for one not asked for; ``dense_compile`` says whether it ran."""
+        out = {}
+        if self.compile_asked:
+            out["dense_compile"] = compile_state(True, self.graphs is not None)
         if self.graphs is not None:  # captures after warm-up cost step time
-            return {"dense_graphs": "on", "dense_graphs_captured": self.graphs.captures}
-        return {"dense_graphs": self.graphs_skipped} if self.graphs_skipped else {}
+            return {**out, "dense_graphs": "on", "dense_graphs_captured": self.graphs.captures}
+        return {**out, "dense_graphs": self.graphs_skipped} if self.graphs_skipped else out
 
     def forward(self, batch: Any) -> Tensor:
+        self._frames_before = compiled_frames()
         with self.autocast:
             return self.sync.ddp(batch)
 
@@ -153,4 +168,5 @@ class DenseTraining:
         flags = skip_flags(self.guard, self.params, self.device)
         self.optimizer.step_unless(flags[0].float())
         self.optimizer.zero_grad(set_to_none=True)
+        self.step_frames = compiled_frames() - self._frames_before
         return flags

@@ -55,6 +55,7 @@ _FIELDS = (
     "nonfinite",  # 1: this rank's loss or embedding gradients were not finite
     "loss_sum",  # the model's own loss, summed over this rank's candidates
     "flops",  # the model's FLOPs of this rank's batch (NaN: not counted)
+    "compiled_frames",  # frames dynamo compiled during this rank's step
     *(f"feature_{name}" for name in FEATURES),
 )
 STOP = _FIELDS.index("stop")
@@ -80,6 +81,7 @@ class RankStep:
     features: tuple[float, ...] = (0.0,) * len(FEATURES)  # this rank's batch, summed
     loss_sum: float | None = None  # the model's loss when it is not BCE (None: bce_sum)
     flops: float | None = None  # the model's FLOPs of this rank's batch (None: not counted)
+    compiled_frames: float = 0.0  # frames dynamo compiled during the step (dense.compile)
 
     def vector(self, device: torch.device) -> torch.Tensor:
         values = [
@@ -98,6 +100,7 @@ class RankStep:
             self.nonfinite,
             self.bce_sum if self.loss_sum is None else self.loss_sum,
             math.nan if self.flops is None else self.flops,
+            self.compiled_frames,
             *self.features,
         ]
         return torch.tensor(values, dtype=torch.float64, device=device)
@@ -156,6 +159,9 @@ def summarize_step(step: int, table: torch.Tensor, peak: float | None = None) ->
         "ne": normalized_entropy(bce, pos, cands),
         "samples": int(sum(col["samples"])),
         "items": int(sum(col["items"])),
+        # frames dynamo compiled during the step, the most of any rank: after
+        # warm-up 0 under dense.compile (a recompile shows here)
+        "compiled_frames": int(max(col["compiled_frames"])),
         **_throughput(col["flops"], t_iter, peak),
     }
 
@@ -239,6 +245,7 @@ class RunSummary:
             "tflops": known_mean("tflops"),
             "mfu_pct": known_mean("mfu_pct"),
             "peak_tflops": self.peak_tflops,
+            "compiled_frames_after_warmup": sum(s.get("compiled_frames", 0) for s in measured),
             **extra,
         }
 

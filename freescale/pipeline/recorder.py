@@ -53,6 +53,7 @@ class StepRecord:
     values: Callable[[], list[float]]
     sections: list
     handle: Any
+    compiled_frames: int = 0  # frames dynamo compiled during the step (`pipeline.compile`)
     eval: dict[str, float] | None = None
     collision: Callable[[], list[float]] | None = None  # freescale: C^i counts, read later
 
@@ -112,6 +113,7 @@ class StepMetrics:
             features=info.features,
             loss_sum=loss_sum,
             flops=info.flops,
+            compiled_frames=rec.compiled_frames,
         )
         if rec.collision is not None:
             local.collision = tuple(rec.collision())  # type: ignore[assignment]

@@ -189,7 +189,8 @@ class Trainer:
             if math.isnan(info.positives):  # labels moved with the balanced samples
                 on_device.append(batch.labels.sum().double().reshape(1))
             values = torch.cat(on_device).double()  # fp32, bools (and fp64): exact in fp64
-            record = StepRecord(step, info, read_later(values), self.timer.take(), handle)
+            frames = self.dense.step_frames  # dynamo's compiles in the step (dense.compile)
+            record = StepRecord(step, info, read_later(values), self.timer.take(), handle, frames)
             if collision is not None:
                 record.collision = read_later(collision)
             if self.evaluator.due(step, run.steps):
@@ -227,7 +228,7 @@ class Trainer:
         }
         if self.state.data_position:
             extra["resumed"] = self.state.resumed()
-        extra.update(self.dense.graph_summary())
+        extra.update(self.dense.graph_summary())  # and dense.compile's
         if final:
             extra["eval"] = final
             if samples := final.get("data", {}).get("train_samples"):  # unknown when streamed

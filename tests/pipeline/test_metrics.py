@@ -54,7 +54,8 @@ THROUGHPUT = ("step_tflop", "tflops", "tflops_ranks", "mfu_pct")
 
 
 def test_step_summary_of_unequal_ranks_follows_the_definitions():
-    table = torch.stack([r.vector(torch.device("cpu")) for r in RANKS])  # what gather_step returns
+    ranks = [replace(r, compiled_frames=f) for r, f in zip(RANKS, (0, 3, 1, 0), strict=True)]
+    table = torch.stack([r.vector(torch.device("cpu")) for r in ranks])  # what gather_step returns
     got = summarize_step(7, table, peak=0.5)
     exact = {
         "step": 7,
@@ -75,6 +76,7 @@ def test_step_summary_of_unequal_ranks_follows_the_definitions():
         "loss": 7.0 / 32.0,  # summed BCE / candidates of all ranks
         "samples": 16,
         "items": 320,
+        "compiled_frames": 3,  # the most of any rank (dynamo compiles per process)
     }
     assert set(got) == {*exact, "qps", "ne", *THROUGHPUT}
     for key, want in exact.items():
