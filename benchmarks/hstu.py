@@ -331,7 +331,7 @@ def attention(s: Scenario, ctx: Ctx) -> Result:
             torch.nn.init.normal_(t, std=0.5)
         variants = [ours(name, name, x, bias), ours(f"{name}-nobias", name, x, None)]
         variants += [ours("padded", "padded", x, bias)] if p.get("padded", True) else []
-        variants += [peer(mha, x)] if mha is not None else []
+        variants += [peer(mha, x)] if mha is not None and point.get("peer", True) else []
         here = point_rows(point, x, variants, dev)
         judge(here, name, p.get("targets", {}))
         rows += here

@@ -292,6 +292,7 @@ class _Fused(torch.autograd.Function):
         return dq_u, dk, dv, dq_c, d_pos, d_tim, None, None, None, None
 
 
+@torch.compiler.disable  # Triton launches, host-side schedules and tuning: opaque to dynamo
 def hstu_attention(
     q_u: Tensor,
     k_u: Tensor,
