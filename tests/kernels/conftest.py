@@ -22,6 +22,7 @@ from freescale.kernels.backend import triton_available
 
 TRITON_MODULES = (
     "common", "bucketize", "rows", "permute", "dispatch", "collision", "small_table",
+    "cross_attention",
 )  # fmt: skip
 
 
