@@ -34,6 +34,7 @@ from freescale.kernels.backend import choose_impl, triton_module
 BLOCK_N = 64  # keys per tile of the kernel
 MIN_CHUNK = 256  # keys per chunk at least (a multiple of BLOCK_N)
 MAX_SPLITS = 32  # chunks per sample at most: bounds the partial results
+HEAD_DIMS = (16, 32, 64, 128)  # the Triton kernel's (powers of two: tl.dot tiles)
 
 
 @dataclass(frozen=True)

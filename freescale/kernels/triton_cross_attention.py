@@ -47,7 +47,12 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from freescale.kernels.cross_attention import CrossPlan, cross_attention_reference, cross_plan
+from freescale.kernels.cross_attention import (
+    HEAD_DIMS,
+    CrossPlan,
+    cross_attention_reference,
+    cross_plan,
+)
 from freescale.kernels.triton_common import (
     bench_ms,
     check_launchable,
@@ -58,7 +63,6 @@ from freescale.kernels.triton_common import (
 
 BLOCK_M = 16  # queries per tile (tl.dot's minimum)
 LOG2E = 1.4426950408889634
-HEAD_DIMS = (16, 32, 64, 128)
 
 
 # ---- kernels --------------------------------------------------------------
