@@ -276,6 +276,9 @@ def _triton_cross(q: Tensor, k: Tensor, v: Tensor, layout: AttentionLayout) -> T
     sums). Rows outside every segment (``q_pad``/``k_pad``) get output and
     gradient 0 from the kernel itself."""
     assert layout.plan is not None
+    if not q.dtype == k.dtype == v.dtype:  # the kernel takes one dtype: the widest
+        dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
+        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     return triton_module("cross_attention").cross_attention_triton(q, k, v, layout.plan)
 
 
