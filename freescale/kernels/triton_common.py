@@ -46,6 +46,19 @@ def count(mask):
 
 
 @triton.jit
+def row_max(x):
+    """Maximum of each row of a 2-D float block (``tl.max(x, 1)`` in builtins; the
+    interpreter reduces this combine with NumPy too)."""
+    return tl.reduce(x, 1, tl.standard._elementwise_max)
+
+
+@triton.jit
+def row_sum(x):
+    """Sum of each row of a 2-D float block (``tl.sum(x, 1)`` in builtins)."""
+    return tl.reduce(x, 1, tl.standard._sum_combine)
+
+
+@triton.jit
 def copy_rows(src, dst, src_rows, dst_rows, mask, W, BLOCK_W: tl.constexpr):
     """``dst[dst_rows, :W] = src[src_rows, :W]`` where ``mask`` (rows of ``W`` words)."""
     for w0 in range(0, W, BLOCK_W):

@@ -24,6 +24,14 @@ Implementations (``impl``, the model's ``attention`` option):
 - ``auto``: ``reference`` on the CPU; on CUDA ``cudnn`` for the causal
   self-attention where it can run (`cudnn_attention.unavailable`), else
   ``varlen``. Where cuDNN then refuses a graph, that call runs varlen.
+
+The cross-attention has its own option (``cross``, the model's
+``cross_attention``, `cross_attention_impl`): ``reference``, ``varlen``,
+``triton`` (`freescale.kernels.triton_cross_attention`: the few queries of a
+sample against its history split over many programs, then a reduce; needs
+no maxima) or ``auto``: ``triton`` on CUDA where the attention is ``auto`` or
+``cudnn`` (and Triton is installed), else what the attention runs
+(``varlen`` keeps both patterns on varlen: the A/B against the old path).
 """
 
 from __future__ import annotations
@@ -35,8 +43,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from freescale.kernels import cudnn_attention
+from freescale.kernels.backend import triton_available, triton_module
+from freescale.kernels.cross_attention import HEAD_DIMS, CrossPlan, cross_plan
 
 IMPLS = ("auto", "reference", "varlen", "cudnn")
+CROSS_IMPLS = ("auto", "reference", "varlen", "triton")
 
 
 @dataclass(frozen=True)
@@ -54,7 +65,7 @@ class Segments:
 class AttentionLayout:
     """Query segment i attends to key segment i (causally when ``causal``)."""
 
-    impl: str  # reference | varlen | cudnn
+    impl: str  # reference | varlen | cudnn | triton (the cross pattern only)
     q: Segments
     k: Segments
     causal: bool
@@ -63,12 +74,15 @@ class AttentionLayout:
     # gradients are never written: they are zeroed before they reach a weight.
     q_pad: Tensor | None = None
     k_pad: Tensor | None = None
+    plan: CrossPlan | None = None  # triton: the key chunks (`kernels.cross_attention`)
 
     def tensors(self) -> list[Tensor]:
-        """The device tensors it holds (offsets, masks)."""
+        """The device tensors it holds (offsets, masks, the cross plan's)."""
         held = (self.q.offsets, self.q.cu, self.k.offsets, self.k.cu)
         ragged = self.q.ragged.tensors() if self.impl == "cudnn" and self.q.ragged else []
-        return [t for t in (*held, *ragged, self.no_keys, self.q_pad, self.k_pad) if t is not None]
+        plan = self.plan.tensors() if self.plan is not None else []
+        extra = (*ragged, *plan, self.no_keys, self.q_pad, self.k_pad)
+        return [t for t in (*held, *extra) if t is not None]
 
 
 def resolve_impl(impl: str, on_cuda: bool) -> str:
@@ -83,6 +97,27 @@ def resolve_impl(impl: str, on_cuda: bool) -> str:
 def check_impl(impl: str) -> None:
     if impl not in IMPLS:
         raise ValueError(f"attention impl must be auto, reference, varlen or cudnn, got {impl!r}")
+
+
+def cross_attention_impl(
+    cross: str, attention: str, on_cuda: bool, head_dim: int, triton: bool = True
+) -> str:
+    """The candidate -> UIH cross-attention's implementation: ``cross`` unless
+    ``auto``; then ``triton`` on CUDA where ``attention`` is ``auto`` or
+    ``cudnn``, Triton is installed, the kernel takes ``head_dim``
+    (`kernels.cross_attention.HEAD_DIMS`) and ``triton`` allows it (a graphed
+    stack says no: its graphs run varlen), else `resolve_impl` of ``attention``."""
+    if cross not in CROSS_IMPLS:
+        raise ValueError(
+            f"cross-attention impl must be one of {', '.join(CROSS_IMPLS)}, got {cross!r}"
+        )
+    if cross != "auto":
+        return cross
+    base = resolve_impl(attention, on_cuda)
+    usable = triton and head_dim in HEAD_DIMS and triton_available()
+    if base == "varlen" and attention in ("auto", "cudnn") and usable:
+        return "triton"
+    return base
 
 
 def self_attention_impl(
@@ -117,17 +152,28 @@ def segments(
     a graph it refuses runs varlen instead of failing."""
     if impl == "reference":
         return Segments(offsets, bounds=offsets.tolist())
+    if impl == "triton":  # the cross-attention's queries: the plan needs no maxima
+        return Segments(offsets, max_len=max_len or 0)
     if max_len is None:
         max_len = int((offsets[1:] - offsets[:-1]).max()) if offsets.numel() > 1 else 0
     ragged = cudnn_attention.Ragged(offsets, max_len, fallback) if impl == "cudnn" else None
     return Segments(offsets, cu=offsets.to(torch.int32), max_len=max_len, ragged=ragged)
 
 
-def attention_layout(q: Segments, k: Segments, causal: bool, num_queries: int) -> AttentionLayout:
+def attention_layout(
+    q: Segments, k: Segments, causal: bool, num_queries: int, impl: str | None = None
+) -> AttentionLayout:
     """The layout of one pattern; the key-less mask is skipped where it is all
     false by construction (queries and keys share one layout). A causal
-    self-attention over segments prepared for cuDNN runs there; the rest varlen."""
-    impl = "reference" if q.bounds is not None else "varlen"
+    self-attention over segments prepared for cuDNN runs there; the rest varlen
+    (``reference`` for segments prepared for it), unless ``impl`` says;
+    ``triton``: the cross-attention kernel, its plan built here (once per forward)."""
+    if impl == "triton":
+        if causal:
+            raise ValueError("the Triton attention kernel is the cross-attention's (not causal)")
+        plan = cross_plan(q.offsets, k.offsets, k.max_len or None)
+        return AttentionLayout("triton", q, k, False, plan=plan)
+    impl = impl or ("reference" if q.bounds is not None else "varlen")
     if impl == "varlen" and causal and q is k and q.ragged is not None:
         impl = "cudnn"
     no_keys = None
@@ -225,8 +271,21 @@ class _ZeroGradRows(torch.autograd.Function):
         return torch.where(rows, 0.0, grad), None
 
 
+def _triton_cross(q: Tensor, k: Tensor, v: Tensor, layout: AttentionLayout) -> Tensor:
+    """The Triton cross-attention (any float dtype, computed in it with fp32
+    sums). Rows outside every segment (``q_pad``/``k_pad``) get output and
+    gradient 0 from the kernel itself."""
+    assert layout.plan is not None
+    if not q.dtype == k.dtype == v.dtype:  # the kernel takes one dtype: the widest
+        dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
+        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    return triton_module("cross_attention").cross_attention_triton(q, k, v, layout.plan)
+
+
 def attend(q: Tensor, k: Tensor, v: Tensor, layout: AttentionLayout) -> Tensor:
     """Attention of one pattern whose layout was built once for the forward."""
+    if layout.impl == "triton":
+        return _triton_cross(q, k, v, layout)
     if layout.impl == "reference":
         assert layout.q.bounds is not None and layout.k.bounds is not None
         return _reference(q, k, v, layout.q.bounds, layout.k.bounds, layout.causal)
@@ -247,7 +306,11 @@ def jagged_attention(
     impl: str = "auto",
 ) -> Tensor:
     """One call, ``impl`` as the model's (`self_attention_impl` for a causal
-    self-attention: ``q_offsets is k_offsets``; `resolve_impl` otherwise)."""
+    self-attention: ``q_offsets is k_offsets``; `resolve_impl` otherwise);
+    ``triton``: the cross-attention kernel (not causal)."""
+    if impl == "triton":
+        qs, ks = segments(q_offsets, "triton", max_q), segments(k_offsets, "triton", max_k)
+        return attend(q, k, v, attention_layout(qs, ks, causal, q.shape[0], impl="triton"))
     shared = k_offsets is q_offsets and max_q == max_k
     if causal and shared:
         chosen = self_attention_impl(impl, q.device, q.shape[-1])

@@ -22,13 +22,16 @@ from torch import Tensor, nn
 from freescale.jagged.batch import CAND_IDS, CONTENT_IDS, UIH_ACTIONS, UIH_IDS, SampleBatch
 from freescale.jagged.ops import segment_ids
 from freescale.jagged.schema import DataSchema
+from freescale.kernels.cross_attention import HEAD_DIMS
 from freescale.kernels.linear import Linear
 from freescale.models.attention import (
+    CROSS_IMPLS,
     IMPLS,
     AttentionLayout,
+    Segments,
     attend,
     attention_layout,
-    resolve_impl,
+    cross_attention_impl,
     segments,
     self_attention_impl,
 )
@@ -50,6 +53,10 @@ class ModelConfig:
     # reference on the CPU; on CUDA cudnn for the causal self-attention where it
     # runs (sm90+, nvidia-cudnn-frontend installed), else varlen
     attention: str = "auto"
+    # auto | reference | varlen | triton: the candidate -> UIH cross-attention
+    # (`attention.cross_attention_impl`): auto is triton on CUDA unless
+    # attention is reference or varlen, which it then follows
+    cross_attention: str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("num_items", "num_actions", "dim", "heads", "layers", "mlp_ratio"):
@@ -62,6 +69,16 @@ class ModelConfig:
         if self.attention not in IMPLS:
             raise ValueError(
                 f"model attention must be one of {', '.join(IMPLS)}; got {self.attention!r}"
+            )
+        if self.cross_attention not in CROSS_IMPLS:
+            raise ValueError(
+                f"model cross_attention must be one of {', '.join(CROSS_IMPLS)}; "
+                f"got {self.cross_attention!r}"
+            )
+        if self.cross_attention == "triton" and self.dim // self.heads not in HEAD_DIMS:
+            raise ValueError(
+                f"model.cross_attention=triton needs a head dim (model.dim / model.heads) "
+                f"in {HEAD_DIMS}, got {self.dim // self.heads}"
             )
         if self.attention == "cudnn":
             from freescale.kernels.cudnn_attention import head_dim_problem
@@ -156,13 +173,16 @@ class BlockStack(nn.ModuleList):
     `cand_update`, `uih_qkv` → `uih_update`) only meet at the UIH keys and
     values, so the candidate path may run concurrently with the UIH path."""
 
-    # ``auto`` may pick cuDNN for the causal self-attention (a stack replaying
-    # CUDA graphs says no: its graphs run varlen, and so do its eager steps).
+    # ``auto`` may pick cuDNN for the causal self-attention and the Triton
+    # kernel for the cross-attention (a stack replaying CUDA graphs says no:
+    # its graphs run varlen, and so do its eager steps).
     cudnn_self_attention = True
+    triton_cross_attention = True
 
-    def __init__(self, blocks: list[Block], attention: str) -> None:
+    def __init__(self, blocks: list[Block], attention: str, cross_attention: str = "auto") -> None:
         super().__init__(blocks)
         self.attention = attention  # auto | reference | varlen | cudnn
+        self.cross_attention = cross_attention  # auto | reference | varlen | triton
 
     def forward(  # type: ignore[override]
         self,
@@ -190,14 +210,22 @@ class BlockStack(nn.ModuleList):
         uih_off, cand_off = batch.uih.offsets, batch.candidates.offsets
         device = (uih_off.device if uih_off.is_cuda else torch.device("cuda")) if on_cuda else None
         own = self.self_attention_impl(device)
-        impl = resolve_impl(own, on_cuda)  # the cross-attention's
+        impl = self.cross_attention_impl(on_cuda)
         if impl == "varlen" and (max_uih is None or max_candidates is None):
             max_uih, max_candidates = max_lengths(uih_off, cand_off)
         uih = segments(uih_off, own, max_uih, fallback=self.attention == "auto")
         cand = segments(cand_off, impl, max_candidates)
+        keys = _keys_for(impl, uih, max_uih)
         return (
             attention_layout(uih, uih, True, batch.uih[UIH_IDS].numel()),
-            attention_layout(cand, uih, False, batch.num_candidates_total),
+            attention_layout(cand, keys, False, batch.num_candidates_total, impl=impl),
+        )
+
+    def cross_attention_impl(self, on_cuda: bool) -> str:
+        """The cross-attention's implementation (`attention.cross_attention_impl`)."""
+        head_dim = self[0].head_dim if len(self) else 0
+        return cross_attention_impl(
+            self.cross_attention, self.attention, on_cuda, head_dim, self.triton_cross_attention
         )
 
     def self_attention_impl(self, device: torch.device | None) -> str:
@@ -206,6 +234,17 @@ class BlockStack(nn.ModuleList):
         ValueError for ``cudnn`` where it cannot run."""
         head_dim = self[0].head_dim if len(self) else 0
         return self_attention_impl(self.attention, device, head_dim, self.cudnn_self_attention)
+
+
+def _keys_for(impl: str, uih: Segments, max_uih: int | None) -> Segments:
+    """The UIH segments as the cross-attention ``impl`` reads them: the
+    self-attention's, prepared again only where they lack what it needs (an
+    explicit ``cross_attention`` that differs from the attention's path)."""
+    if impl == "reference" and uih.bounds is None:
+        return segments(uih.offsets, "reference")
+    if impl == "varlen" and uih.cu is None:
+        return segments(uih.offsets, "varlen", max_uih)
+    return uih
 
 
 class SequenceModel(RecModel):
@@ -226,7 +265,8 @@ class SequenceModel(RecModel):
         # A handful of rows: its CUDA backward is two kernels, not torch's ~30.
         self.action_emb = SmallEmbedding(cfg.num_actions, cfg.dim)
         self.dense_proj = nn.Linear(cfg.dense_dim, cfg.dim) if cfg.dense_dim else None
-        self.blocks = BlockStack([Block(cfg) for _ in range(cfg.layers)], cfg.attention)
+        blocks = [Block(cfg) for _ in range(cfg.layers)]
+        self.blocks = BlockStack(blocks, cfg.attention, cfg.cross_attention)
         self.head = nn.Sequential(nn.LayerNorm(cfg.dim), nn.Linear(cfg.dim, 1))
         nn.init.normal_(self.item_emb.weight, std=0.05)
         nn.init.normal_(self.action_emb.weight, std=0.05)
@@ -311,9 +351,12 @@ def build(
     heads: int = 2,
     layers: int = 2,
     attention: str = "auto",
+    cross_attention: str = "auto",
 ) -> SequenceModel:
     """The model factory (`freescale.models.contract`): tables sized by the data."""
-    options = dict(dim=dim, heads=heads, layers=layers, attention=attention)
+    options = dict(
+        dim=dim, heads=heads, layers=layers, attention=attention, cross_attention=cross_attention
+    )
     return SequenceModel(_config(schema.num_items, schema.num_actions, schema.dense_dim, **options))
 
 

@@ -35,6 +35,12 @@ def check_launch(cfg: TrainConfig, model_given: bool = False) -> None:
         raise ValueError(
             f"model.attention={attention} needs a CUDA device; use model.attention=auto on the CPU"
         )
+    cross = cfg.model.options.get("cross_attention", "auto") if cfg.model.builtin else "auto"
+    if cross in ("varlen", "triton") and not cuda:
+        raise ValueError(
+            f"model.cross_attention={cross} needs a CUDA device; use "
+            f"model.cross_attention=auto on the CPU"
+        )
     if attention == "cudnn":
         # The package here; the GPU's capability on the rank (`check_attention_device`):
         # asking it here would hold a CUDA context in the launcher.
@@ -44,7 +50,7 @@ def check_launch(cfg: TrainConfig, model_given: bool = False) -> None:
     if cfg.dense.graphs and not cuda:
         raise ValueError("dense.graphs=true captures CUDA graphs: it needs a CUDA device")
     if cfg.dense.graphs:
-        check_attention(attention)
+        check_attention(attention, cross)
     if cfg.pipeline.sync_debug and not cuda:
         raise ValueError(
             "pipeline.sync_debug=true reports host waits for a GPU: it needs a CUDA device"

@@ -429,16 +429,23 @@ class BlockGraphs:
         return cap
 
 
-def check_attention(attention: str) -> None:
+def check_attention(attention: str, cross_attention: str = "auto") -> None:
     """The graphs run the varlen attention: ValueError (one line) for another.
 
     ``cudnn`` is refused rather than captured: its graphs' capture and the
     padding rows' handling inside them are untested, and ``auto`` runs
-    varlen in a graphed stack (`GraphedStack.cudnn_self_attention`)."""
+    varlen in a graphed stack (`GraphedStack.cudnn_self_attention`); so does
+    the cross-attention (`GraphedStack.triton_cross_attention`: the Triton
+    kernel's capture is not tried)."""
     if attention in ("reference", "cudnn"):
         raise ValueError(
             f"dense.graphs=true needs model.attention=auto or varlen (CUDA graphs run "
             f"varlen), got {attention}"
+        )
+    if cross_attention in ("reference", "triton"):
+        raise ValueError(
+            f"dense.graphs=true needs model.cross_attention=auto or varlen (CUDA graphs run "
+            f"varlen), got {cross_attention}"
         )
 
 
@@ -449,14 +456,16 @@ class GraphedStack(BlockStack):
     gradients), CPU runs and steps without UIH tokens or candidates run the
     stack eagerly. ``own_grads``: see `BlockGraphs` (one rank, no DDP hooks).
 
-    Its self-attention is varlen's, in the graphs and in the eager steps alike
-    (``auto`` does not pick cuDNN here): one kernel for every step."""
+    Its self- and cross-attention are varlen's, in the graphs and in the eager
+    steps alike (``auto`` picks neither cuDNN nor the Triton cross-attention
+    here): one kernel for every step."""
 
     cudnn_self_attention = False
+    triton_cross_attention = False
 
     def __init__(self, stack: BlockStack, two_streams: bool = True, own_grads: bool = False):
-        check_attention(stack.attention)
-        super().__init__(list(stack), stack.attention)
+        check_attention(stack.attention, stack.cross_attention)
+        super().__init__(list(stack), stack.attention, stack.cross_attention)
         self.runner = BlockGraphs(self, two_streams=two_streams, own_grads=own_grads)
 
     def forward(  # type: ignore[override]

@@ -25,6 +25,7 @@ from triton.compiler import ASTSource
 import freescale.kernels.triton_bucketize as bucketize
 import freescale.kernels.triton_collision as collision
 import freescale.kernels.triton_common as common
+import freescale.kernels.triton_cross_attention as cross
 import freescale.kernels.triton_dispatch as dispatch
 import freescale.kernels.triton_hstu_attention as hstu
 import freescale.kernels.triton_permute as permute
@@ -139,6 +140,7 @@ def variants(quick: bool = False) -> Iterator[Variant]:
         consts = {"ROWS": rows_, "BLOCK_P": small_table.PARTIALS, "BLOCK_D": 32}
         ptrs = {"partial": "*fp32", "out": gtype}
         yield f"small_table.totals rows={rows_} {gtype}", small_table._totals_kernel, ptrs, consts
+    yield from cross_attention_variants(quick)
     for dtype in ("*i32", i64):
         ptrs = {"now": dtype, "nxt": dtype, "now_to_next": i64, "next_to_now": i64}
         consts = {"BLOCK": collision.BLOCK}
@@ -172,6 +174,32 @@ def hstu_variants(quick: bool) -> Iterator[Variant]:
                       "FAST": True, "PREC": "ieee" if dtype == "*fp32" else "tf32"}  # fmt: skip
             name = f"hstu.{kind} {dtype} d={head_dim} bias={bias} uih_out={uih_out} {bm}x{bn}"
             yield name, kernel, ptrs, consts
+
+
+def cross_attention_variants(quick: bool) -> Iterator[Variant]:
+    """The cross-attention's kernels per input dtype and head dim."""
+    f32, i64 = "*fp32", "*i64"
+    plan = {"q_offsets": i64, "k_offsets": i64, "chunk_offsets": "*i32", "span": "*i32",
+            "part_offsets": i64}  # fmt: skip
+    dtypes, dims = (("*bf16",), (64,)) if quick else (("*bf16", "*fp16", f32), cross.HEAD_DIMS)
+    for dt, dim in itertools.product(dtypes, dims):
+        precision = "ieee" if dt == f32 else "tf32"
+        tiles = {"H": 4, "D": dim, "BLOCK_M": cross.BLOCK_M, "BLOCK_N": 64, "PRECISION": precision}
+        ptrs = plan | {"q": dt, "k": dt, "v": dt, "part_o": f32, "part_lse": f32}
+        ptrs["qk_scale"] = "fp32"
+        yield f"cross.fwd_split {dt} D={dim}", cross._fwd_split_kernel, ptrs, tiles
+        ptrs = ptrs | {"do": dt, "lse": f32, "delta": f32, "dk": dt, "dv": dt, "part_dq": f32,
+                       "sm_scale": "fp32"}  # fmt: skip
+        yield (
+            f"cross.bwd_split {dt} D={dim}",
+            cross._bwd_split_kernel,
+            ptrs,
+            tiles | {"MIN_CHUNK": 256},
+        )
+        for softmax in (True, False):
+            ptrs = plan | {"part_o": f32, "part_lse": f32, "out": dt, "lse": f32 if softmax else dt}
+            consts = {"H": 4, "D": dim, "SOFTMAX": softmax}
+            yield f"cross.reduce {dt} D={dim} softmax={softmax}", cross._reduce_kernel, ptrs, consts
 
 
 def main() -> int:

@@ -23,6 +23,7 @@ from freescale.kernels.backend import triton_available
 TRITON_MODULES = (
     "common", "bucketize", "rows", "permute", "dispatch", "collision", "small_table",
     "hstu_attention",
+    "cross_attention",
 )  # fmt: skip
 
 

@@ -173,3 +173,61 @@ def test_model_gpu_matches_cpu_reference():
     # reference in fp32; norm-wise, as the rounding is relative.
     err = (out - ref).norm() / ref.norm()
     assert err <= reduction_tol(torch.bfloat16, 1, 1.0, depth=2 * cfg.layers)["rtol"], float(err)
+
+
+@pytest.mark.parametrize(
+    ("cross", "attention", "on_cuda", "head_dim", "want"),
+    [
+        ("auto", "auto", False, 64, "reference"),
+        ("auto", "auto", True, 64, "triton"),
+        ("auto", "cudnn", True, 64, "triton"),
+        ("auto", "auto", True, 8, "varlen"),  # a head dim the kernel does not take
+        ("auto", "varlen", True, 64, "varlen"),  # varlen: both patterns, the old path
+        ("auto", "reference", True, 64, "reference"),
+        ("varlen", "auto", True, 64, "varlen"),
+        ("triton", "reference", False, 64, "triton"),
+    ],
+)
+def test_cross_attention_impl_choice(cross, attention, on_cuda, head_dim, want):
+    from freescale.models.attention import cross_attention_impl
+
+    assert cross_attention_impl(cross, attention, on_cuda, head_dim) == want
+    if want == "triton" and cross == "auto":  # a graphed stack keeps varlen
+        assert cross_attention_impl(cross, attention, on_cuda, head_dim, False) == "varlen"
+
+
+def test_bad_cross_attention_config_raises():
+    with pytest.raises(ValueError, match="cross_attention must be one of"):
+        ModelConfig(cross_attention="flash")
+    with pytest.raises(ValueError, match="cross_attention=triton needs a head dim"):
+        ModelConfig(dim=24, heads=1, cross_attention="triton")
+
+
+def test_cross_layouts_follow_the_option():
+    """The cross layout carries the Triton plan only where the kernel runs; an
+    explicit cross path gets the key segments it reads."""
+    batch = random_batch(seed=0, batch_size=5, max_uih=9)
+    for cross, impl in (("triton", "triton"), ("reference", "reference"), ("auto", "reference")):
+        m = model(cfg=ModelConfig(num_items=100, dim=32, heads=2, layers=1, cross_attention=cross))
+        _, layout = m.attention_layouts(batch, on_cuda=False)
+        assert layout.impl == impl and (layout.plan is not None) == (impl == "triton")
+        assert layout.k.offsets is batch.uih.offsets
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_model_gpu_default_cross_attention_is_triton_and_matches_cpu_reference():
+    batch = SyntheticSource(
+        SyntheticConfig(num_items=100, max_uih=200, lengths=LengthDistribution(median=80))
+    ).batch(0, 0, 1, 16)
+    cfg = ModelConfig(num_items=100, dim=64, heads=2, layers=2)
+    m = model(cfg=cfg)
+    ref = m(batch)
+    m = m.cuda()
+    _, layout = m.attention_layouts(batch.to("cuda"), on_cuda=True)
+    assert layout.impl == "triton"
+    out = m(batch.to("cuda")).cpu()
+    # As test_model_gpu_matches_cpu_reference: the self-attention runs in bf16
+    # (varlen or cuDNN), the Triton cross-attention in fp32 here.
+    err = (out - ref).norm() / ref.norm()
+    assert err <= reduction_tol(torch.bfloat16, 1, 1.0, depth=2 * cfg.layers)["rtol"], float(err)

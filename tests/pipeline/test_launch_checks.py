@@ -37,6 +37,10 @@ def _rc_and_last_line(capsys, *args: str) -> tuple[int, str, float]:
             "model.attention=cudnn needs a CUDA",
         ),
         (
+            ["--set", "model.cross_attention=triton", "--set", "run.device=cpu"],
+            "model.cross_attention=triton needs a CUDA",
+        ),
+        (
             ["--set", "model.attention=cudnn", "--set", "model.dim=72", "--set", "model.heads=2"],
             "model.attention=cudnn needs a head dim that is a multiple of 8",
         ),
