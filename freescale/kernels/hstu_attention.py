@@ -86,10 +86,19 @@ def log_buckets(x: Tensor, b: Buckets) -> Tensor:
 # (BLOCK_M, BLOCK_N, warps, stages) tried per kernel; the first is the default
 # (the interpreter, CUDA graph capture). BLOCK_M: query rows, BLOCK_N: keys.
 CONFIGS = {
-    "fwd": ((128, 64, 4, 3), (128, 64, 8, 3), (64, 64, 4, 3), (128, 128, 8, 3), (64, 32, 4, 3)),
-    "dq": ((128, 64, 8, 3), (64, 64, 4, 3), (128, 32, 4, 3), (64, 32, 4, 4), (128, 64, 4, 2)),
-    "dkdv": ((64, 128, 8, 3), (32, 128, 4, 3), (64, 64, 4, 3), (32, 64, 4, 3), (64, 128, 4, 2)),
-}
+    "fwd": (
+        (128, 64, 4, 3), (128, 64, 8, 3), (64, 64, 4, 3), (128, 128, 8, 3), (64, 32, 4, 3),
+        (128, 32, 4, 4), (64, 64, 4, 4),
+    ),
+    "dq": (
+        (128, 64, 8, 3), (64, 64, 4, 3), (128, 32, 4, 3), (64, 32, 4, 4), (128, 64, 4, 2),
+        (128, 128, 8, 2),
+    ),
+    "dkdv": (
+        (64, 128, 8, 3), (32, 128, 4, 3), (64, 64, 4, 3), (32, 64, 4, 3), (64, 128, 4, 2),
+        (128, 128, 8, 2), (32, 128, 8, 4),
+    ),
+}  # fmt: skip
 _TUNED: dict[tuple, tuple[int, int, int, int]] = {}
 _STARTS: dict[torch.device, tuple[Tensor, Tensor]] = {}
 
