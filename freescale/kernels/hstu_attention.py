@@ -20,7 +20,9 @@ tables, sample order), built once per forward and shared by every layer.
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -154,9 +156,7 @@ class Schedule:
 
 
 def _interpreting(kernel: object) -> bool:
-    from triton.runtime.interpreter import InterpretedFunction
-
-    return isinstance(kernel, InterpretedFunction)
+    return triton_module("common").interpreted(kernel)
 
 
 def _pick(kind: str, key: tuple, launch, interpreted: bool) -> tuple[int, int, int, int]:
@@ -169,12 +169,11 @@ def _pick(kind: str, key: tuple, launch, interpreted: bool) -> tuple[int, int, i
     if interpreted or torch.cuda.is_current_stream_capturing():
         return _TUNED.get((kind, *key), first)
     if (kind, *key) not in _TUNED:
-        from triton.testing import do_bench
-
+        bench = triton_module("common").bench_ms
         times = []
         for cfg in CONFIGS[kind]:
             try:
-                times.append((do_bench(lambda c=cfg: launch(c), warmup=3, rep=15), cfg))
+                times.append((bench(lambda c=cfg: launch(c), warmup=3, rep=15), cfg))
             except Exception:  # a config this GPU cannot run (shared memory, registers)
                 continue
         _TUNED[(kind, *key)] = min(times)[1] if times else first
@@ -301,7 +300,6 @@ class _Fused(torch.autograd.Function):
         return dq_u, dk, dv, dq_c, d_pos, d_tim, None, None, None, None
 
 
-@torch.compiler.disable  # Triton launches, host-side schedules and tuning: opaque to dynamo
 def hstu_attention(
     q_u: Tensor,
     k_u: Tensor,
@@ -331,6 +329,14 @@ def hstu_attention(
     return _Fused.apply(
         q_u, k_u, v_u, q_c, pos_table, time_table, sched, uih_times, cand_times, uih_out
     )
+
+
+@functools.cache
+def opaque_hstu_attention() -> Callable[..., tuple[Tensor | None, Tensor]]:
+    """`hstu_attention` as compiled code calls it: opaque to dynamo (Triton launches,
+    host-side schedules and tuning). Made on first use: `torch.compiler.disable`
+    imports dynamo, and with it Triton."""
+    return torch.compiler.disable(hstu_attention)
 
 
 def reference(

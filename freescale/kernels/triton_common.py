@@ -105,16 +105,22 @@ def check_launchable(kernel: Callable, device: torch.device) -> None:
         )
 
 
+def interpreted(kernel: object) -> bool:
+    """Whether ``kernel`` runs under the CPU interpreter (TRITON_INTERPRET=1)."""
+    return isinstance(kernel, InterpretedFunction)
+
+
 def search_steps(n: int) -> int:
     """Iterations of a vectorized binary search over ``n`` sorted entries."""
     return max(1, int(n).bit_length())
 
 
-def bench_ms(fn: Callable[[], object]) -> float:
-    """Median milliseconds of ``fn`` on the current CUDA device."""
+def bench_ms(fn: Callable[[], object], warmup: int = 25, rep: int = 100) -> float:
+    """Median milliseconds of ``fn`` on the current CUDA device (``warmup`` and
+    ``rep`` in ms, as `do_bench` takes them)."""
     from triton.testing import do_bench
 
-    return float(do_bench(fn, return_mode="median"))
+    return float(do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
 
 
 def gbps(nbytes: int, ms: float) -> float:

@@ -46,6 +46,7 @@ two (2^24 - 1 s, ...) one bucket too far.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -55,7 +56,7 @@ from torch import Tensor, nn
 from freescale.jagged.ops import segment_ids
 from freescale.kernels.backend import triton_available
 from freescale.kernels.hstu_attention import POSITION, TIME, Schedule, log_buckets
-from freescale.kernels.hstu_attention import hstu_attention as fused_attention
+from freescale.kernels.hstu_attention import opaque_hstu_attention
 from freescale.models.small_embedding import SmallEmbedding
 
 IMPLS = ("auto", "reference", "padded", "fused")
@@ -314,6 +315,7 @@ class FusedLayout:
     uih_times: Tensor  # int64 [Tu]
     cand_times: Tensor  # int64 [Tc]
     inv_len_cand: Tensor  # [Tc, 1, 1] 1/(L+1) of each candidate's sample
+    op: Callable[..., tuple[Tensor | None, Tensor]]  # the kernels, opaque to dynamo
 
     def attend(
         self,
@@ -325,7 +327,7 @@ class FusedLayout:
         """Same contract as `ReferenceLayout.attend`."""
         (q_u, k_u, v_u), (q_c, k_c, v_c) = qkv_u, qkv_c
         extra = (self.uih_times, self.cand_times, *bias.tables()) if bias is not None else ()
-        out_u, out_c = fused_attention(q_u, k_u, v_u, q_c, self.schedule, *extra, uih_out=uih_out)
+        out_u, out_c = self.op(q_u, k_u, v_u, q_c, self.schedule, *extra, uih_out=uih_out)
         return out_u, out_c + _self_term(bias, q_c, k_c, v_c, self.inv_len_cand)
 
 
@@ -340,6 +342,7 @@ def fused_layout(
         uih_times=uih_times,
         cand_times=cand_times,
         inv_len_cand=inv[segment_ids(cand_offsets, n_c)].view(-1, 1, 1),
+        op=opaque_hstu_attention(),
     )
 
 

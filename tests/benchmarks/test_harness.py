@@ -138,7 +138,7 @@ def test_committed_reports_have_headers_and_every_scenario_at_most_one():
 
 def test_size_limits():
     py = list(BENCH.rglob("*.py"))
-    assert len(py) <= 15
+    assert len(py) <= 16  # 15 before issue 42 added the cross-attention measure
     assert sum(len(p.read_text().splitlines()) for p in py) <= 3500
     committed = [p for p in report.RESULTS.rglob("*") if p.is_file() and p.name != ".gitignore"]
     assert len(committed) <= 64  # 56 before issue 41, whose hstu-* reports add 8
