@@ -55,8 +55,13 @@ from torch import Tensor, nn
 
 from freescale.jagged.ops import segment_ids
 from freescale.kernels.backend import triton_available
-from freescale.kernels.hstu_attention import POSITION, TIME, Schedule, log_buckets
-from freescale.kernels.hstu_attention import opaque_hstu_attention
+from freescale.kernels.hstu_attention import (
+    POSITION,
+    TIME,
+    Schedule,
+    log_buckets,
+    opaque_hstu_attention,
+)
 from freescale.models.small_embedding import SmallEmbedding
 
 IMPLS = ("auto", "reference", "padded", "fused")
