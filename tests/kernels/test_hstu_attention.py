@@ -31,7 +31,11 @@ def _offsets(lengths: list[int], device: str) -> torch.Tensor:
 
 
 def _inputs(case: str, device: str, dtype: torch.dtype, heads: int, head_dim: int, seed: int):
-    uih, cand = CASES[case]
+    return _jagged_inputs(*CASES[case], device, dtype, heads, head_dim, seed)
+
+
+def _jagged_inputs(uih: list[int], cand: list[int], device: str, dtype: torch.dtype, heads: int,
+                   head_dim: int, seed: int):  # fmt: skip
     g = torch.Generator().manual_seed(seed)
     uo, co = _offsets(uih, device), _offsets(cand, device)
     n_u, n_c = sum(uih), sum(cand)
@@ -70,10 +74,30 @@ def _params() -> list:
 
 @pytest.mark.parametrize(("case", "bias", "uih_out"), _params())
 def test_kernels_match_the_twin(triton_device: str, case: str, bias: bool, uih_out: bool) -> None:
-    on_gpu = triton_device == "cuda"
-    dtype = torch.bfloat16 if on_gpu else torch.float32
-    head_dim = 64 if on_gpu else 8
-    uo, co, qkv, times, tables = _inputs(case, triton_device, dtype, 2, head_dim, seed=len(case))
+    head_dim = 64 if triton_device == "cuda" else 8
+    _check_against_twin(*CASES[case], triton_device, bias, uih_out, 2, head_dim, seed=len(case))
+
+
+# Long histories at the block sizes' edges and the preset's lengths, every head
+# dim the kernels are tuned for (GPU only: the interpreter would take hours).
+LONG = (
+    [0, 1, 63, 64, 65, 127, 128, 129, 255, 2100, 4500, 9000],
+    [3, 0, 1, 8, 2, 1, 0, 5, 1, 4, 2, 7],
+)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("head_dim", [32, 64, 128])
+@pytest.mark.parametrize("bias", [True, False])
+def test_long_histories_match_the_twin_on_a_gpu(head_dim: int, bias: bool) -> None:
+    _check_against_twin(*LONG, "cuda", bias, True, 4, head_dim, seed=head_dim)
+
+
+def _check_against_twin(uih: list[int], cand: list[int], device: str, bias: bool, uih_out: bool,
+                        heads: int, head_dim: int, seed: int) -> None:  # fmt: skip
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    uo, co, qkv, times, tables = _jagged_inputs(uih, cand, device, dtype, heads, head_dim, seed)
     sched = K.Schedule(uo, co, qkv[0].shape[0], qkv[3].shape[0])
     extra = (*times, *tables) if bias else (None,) * 4
     got = K.hstu_attention(*qkv, sched, *extra, uih_out=uih_out)
@@ -89,11 +113,8 @@ def test_kernels_match_the_twin(triton_device: str, case: str, bias: bool, uih_o
     # the second product (and use a tanh.approx sigmoid, ~2^-11, on the GPU):
     # per-term roundings of sums of <= L + 1 terms, as reordered sums in that
     # dtype; gradients chain a second reduction, the bias tables' sum every pair.
-    lengths = CASES[case][0]
-    longest = max(lengths) + 1
-    pairs = sum(n * (n + 1) // 2 for n in lengths) + sum(
-        n * c for n, c in zip(lengths, CASES[case][1], strict=False)
-    )
+    longest = max(uih) + 1
+    pairs = sum(n * (n + 1) // 2 for n in uih) + sum(n * c for n, c in zip(uih, cand, strict=True))
     for name, a, e in zip(["out_u", "out_c"], got, want, strict=False):
         if e is not None:
             assert_reordered_close(a.float(), e, terms=longest, dtype=dtype, msg=name)
