@@ -56,16 +56,19 @@ def _assert_events_equal_the_json(run_dir, steps: int) -> None:
         assert scalars[tag] == want, tag
 
 
-def test_a_two_rank_run_dir_with_tensorboard_resumes_in_place(tmp_path, monkeypatch, capsys):
+SETS = ["data=sasrec:s.txt", "data.eval_negatives=20", "run.nproc=2", "run.steps=4",
+        "run.warmup=1", "run.batch_size=4", "run.mode=freescale", "evaluation.every=2",
+        "evaluation.batches=1", "checkpoint.every=2", "output.progress=false",
+        "output.dir=runs/a", "output.tensorboard=true", "data.max_uih=16",
+        "model.dim=16"]  # fmt: skip
+
+
+def _two_rank_run(tmp_path, monkeypatch):
+    """4 steps of 2 CPU ranks into runs/a, from the command line."""
     pytest.importorskip("tensorboard")
     monkeypatch.chdir(tmp_path)
     write_data(tmp_path / "s.txt", users=60)
-    sets = ["data=sasrec:s.txt", "data.eval_negatives=20", "run.nproc=2", "run.steps=4",
-            "run.warmup=1", "run.batch_size=4", "run.mode=freescale", "evaluation.every=2",
-            "evaluation.batches=1", "checkpoint.every=2", "output.progress=false",
-            "output.dir=runs/a", "output.tensorboard=true", "data.max_uih=16",
-            "model.dim=16"]  # fmt: skip
-    assert main(["train", *[a for s in sets for a in ("--set", s)]]) == 0
+    assert main(["train", *[a for s in SETS for a in ("--set", s)]]) == 0
     run = tmp_path / "runs" / "a"
     config = tomllib.loads((run / "config.toml").read_text())
     assert config["output"]["metrics_path"] == "runs/a/metrics.jsonl"
@@ -74,21 +77,44 @@ def test_a_two_rank_run_dir_with_tensorboard_resumes_in_place(tmp_path, monkeypa
     assert json.loads((run / "summary.json").read_text())["steps"] == 4
     assert (run / "checkpoints" / "step-00000004" / "manifest.json").is_file()
     _assert_events_equal_the_json(run, 4)
+    return run
 
-    # Started again from its config: a fresh start there is refused, --resume appends.
+
+def _continued(run, steps: int) -> None:
+    _assert_events_equal_the_json(run, steps)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["first_step"] == 4 and summary["steps"] == steps - 4
+    assert main(["report", "runs/a"]) == 0
+    assert f"{steps} steps" in (run / "report.md").read_text()
+
+
+def test_a_two_rank_run_dir_with_tensorboard_resumes_in_place(tmp_path, monkeypatch, capsys):
+    run = _two_rank_run(tmp_path, monkeypatch)
+    # Started again from its config: a fresh start there is refused, --resume continues.
     _no_launch(monkeypatch)
     capsys.readouterr()
     assert main(["train", "--config", "runs/a/config.toml"]) == 2
     assert "runs/a holds a run already" in capsys.readouterr().err
+    resumed = ["--config", "runs/a/config.toml", "--resume", "--print-config"]
+    assert main(["train", *resumed]) == 0
+    assert tomllib.loads(capsys.readouterr().out)["checkpoint"]["resume"] == "runs/a/checkpoints"
     monkeypatch.undo()
     monkeypatch.chdir(tmp_path)
-    resumed = ["--config", "runs/a/config.toml", "--resume", "--set", "run.steps=6"]
-    assert main(["train", *resumed, "--set", "run.nproc=1"]) == 0
-    _assert_events_equal_the_json(run, 6)
-    summary = json.loads((run / "summary.json").read_text())
-    assert summary["first_step"] == 4 and summary["steps"] == 2
-    assert main(["report", "runs/a"]) == 0
-    assert "6 steps" in (run / "report.md").read_text()
+    # (the command's run in this process: --resume is checkpoint.resume=checkpoint.dir)
+    freescale.train(
+        config="runs/a/config.toml",
+        run={"steps": 6, "nproc": 1},
+        checkpoint={"resume": "runs/a/checkpoints"},
+    )
+    _continued(run, 6)
+
+
+@pytest.mark.slow
+def test_the_command_resumes_a_run_dir(tmp_path, monkeypatch):
+    run = _two_rank_run(tmp_path, monkeypatch)
+    resumed = ["--config", "runs/a/config.toml", "--resume", "--set", "run.steps=7"]
+    assert main(["train", *resumed]) == 0
+    _continued(run, 7)
 
 
 def test_tensorboard_needs_its_package_and_a_run_dir(tmp_path, monkeypatch, capsys):
@@ -102,8 +128,11 @@ def test_tensorboard_needs_its_package_and_a_run_dir(tmp_path, monkeypatch, caps
     err = capsys.readouterr().err.strip()
     assert err.startswith("freescale: error: output.tensorboard=true needs the tensorboard")
     assert "pip install 'freescale[tensorboard]'" in err and "\n" not in err
+    monkeypatch.undo()  # the Python API checks in its launcher, before any rank too
+    monkeypatch.setitem(sys.modules, "tensorboard", None)
     with pytest.raises(ValueError, match="needs the tensorboard package"):
         freescale.train(run={"nproc": 1}, output={"dir": str(tmp_path / "r"), "tensorboard": True})
+    assert not (tmp_path / "r" / "config.toml").exists()
 
 
 def test_without_a_run_dir_nothing_changes(capsys):
