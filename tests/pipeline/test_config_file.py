@@ -5,6 +5,7 @@ run of the same ``--set``s."""
 
 from __future__ import annotations
 
+import json
 import tomllib
 from pathlib import Path
 
@@ -149,3 +150,27 @@ def test_the_manifest_config_is_the_toml(tmp_path):
     assert read_manifest(found)["config"] == tomllib.loads(text)
     assert "config.toml" in read_manifest(found)["files"]
     assert freescale.load_config(Path(found / "config.toml")) == cfg
+
+
+def _simulated(capsys, *args: str) -> list[dict]:
+    capsys.readouterr()
+    assert main(["simulate", "--world-sizes", "4", "--steps", "3", *args]) == 0
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])["rows"]
+
+
+def test_simulate_projects_the_workload_of_a_config(tmp_path, capsys):
+    sets = ["run.batch_size=8", "data.max_uih=200", "data.length_median=50",
+            "data.length_cap=200", "run.mode=sdd", "model.dim=64", "run.seed=3"]  # fmt: skip
+    path = tmp_path / "run.toml"
+    path.write_text(_print_config(capsys, *[a for s in sets for a in ("--set", s)]))
+    from_file = _simulated(capsys, "--config", str(path))
+    flags = ["--modes", "sdd", "--balance", "none", "--batch-size", "8", "--max-uih", "200",
+             "--length-median", "50", "--length-sigma", "0.8", "--length-cap", "200",
+             "--max-candidates", "4", "--max-content", "2", "--embedding-dim", "64",
+             "--seed", "3"]  # fmt: skip
+    assert from_file == _simulated(capsys, *flags)
+    given = _simulated(capsys, "--config", str(path), "--modes", "freescale")  # a flag wins
+    assert [r["mode"] for r in given] == ["freescale"]
+    path.write_text("[run]\nbatch_size = 0\n")
+    assert main(["simulate", "--config", str(path)]) == 2
+    assert f"{path}:2: run.batch_size must be >= 1" in capsys.readouterr().err

@@ -110,11 +110,15 @@ def test_a_two_rank_run_dir_with_tensorboard_resumes_in_place(tmp_path, monkeypa
 
 
 @pytest.mark.slow
-def test_the_command_resumes_a_run_dir(tmp_path, monkeypatch):
+def test_the_command_resumes_a_run_dir(tmp_path, monkeypatch, capsys):
     run = _two_rank_run(tmp_path, monkeypatch)
     resumed = ["--config", "runs/a/config.toml", "--resume", "--set", "run.steps=7"]
     assert main(["train", *resumed]) == 0
     _continued(run, 7)
+    capsys.readouterr()
+    assert main(["eval", "--config", "runs/a/config.toml"]) == 0  # its newest checkpoint
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["checkpoint"].endswith("step-00000006") and out["eval"]["test"]["users"] > 0
 
 
 def test_tensorboard_needs_its_package_and_a_run_dir(tmp_path, monkeypatch, capsys):
