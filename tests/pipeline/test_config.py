@@ -396,6 +396,7 @@ def _doc_keys() -> list[str]:
 def test_every_key_of_the_readme_and_docs_builds_a_config(override):
     extra = ["checkpoint.dir=ck"] if "every" in override.split("=")[0] else []
     extra += ["balance=cost"] if override.startswith("balance.counts") else []
+    extra += ["output.dir=runs/x"] if override.startswith("output.tensorboard") else []
     # the example model's option, shown with its factory
     extra += ["model=examples.categories:build"] if override.startswith("model.category") else []
     _quiet([*extra, override])

@@ -61,6 +61,7 @@ def test_every_key_of_the_docs_reads_back(tmp_path):
     for override in _doc_keys():
         extra = ["checkpoint.dir=ck"] if "every" in override.split("=")[0] else []
         extra += ["balance=cost"] if override.startswith("balance.counts") else []
+        extra += ["output.dir=runs/x"] if override.startswith("output.tensorboard") else []
         if override.startswith("model.category"):
             extra += ["model=examples.categories:build"]
         cfg = build_config("demo", [*extra, override], on_deprecated=lambda k, p: None)
