@@ -10,6 +10,8 @@ What the launcher guarantees:
 
 - every value that could fail later is checked here first
   (`freescale.pipeline.checks`): a bad config is one line, before any rank;
+- a run directory (``output.dir``, `freescale.pipeline.run_dir`) gets its
+  ``config.toml`` before any rank starts and ``summary.json`` after the run;
 - a rank that raises ends the run at once: the others are killed and
   `RunFailed` carries that rank's one-line error (its traceback went to
   stderr when the error was not a plain input error); a ValueError (bad
