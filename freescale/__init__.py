@@ -9,7 +9,8 @@ on first use:
 - `RecModel` (`freescale.models.contract`): the model contract;
 - `DataSchema`, `Feature` (`freescale.jagged.schema`): the data's features;
 - `SampleBatch`, `JaggedTensor`: the batch a model's ``forward`` receives;
-- `TrainConfig`, `build_config`: the run's configuration.
+- `TrainConfig`, `build_config`: the run's configuration; `load_config`,
+  `config_toml`: the same as a TOML file (`freescale.pipeline.config_file`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ _PUBLIC = {
     "JaggedTensor": "freescale.jagged.tensor",
     "TrainConfig": "freescale.pipeline.config",
     "build_config": "freescale.pipeline.config",
+    "load_config": "freescale.pipeline.config_file",
+    "config_toml": "freescale.pipeline.config_file",
 }
 __all__ = sorted(_PUBLIC)
 

@@ -28,6 +28,7 @@ object's ``module:qualname``, and ``model={...}`` holds its options only).
 
 from __future__ import annotations
 
+import os
 import warnings
 from dataclasses import dataclass, replace
 from typing import Any
@@ -60,7 +61,7 @@ def train(
     model: Any = None,
     data: Any = None,
     *,
-    config: TrainConfig | None = None,
+    config: TrainConfig | str | os.PathLike | None = None,
     preset: str = "demo",
     state_dict: bool = False,
     **settings: Any,
@@ -71,17 +72,26 @@ def train(
     (``run={"steps": 100, "mode": "freescale"}``, ``model={"dim": 64}``: a
     model section's keys other than ``factory`` are the factory's options),
     applied to ``config`` or to the ``preset``; a bad key or value is a
-    one-line ValueError before anything starts. The old flat keywords
-    (``steps=100``, ``model_options={...}``) still work, with a DeprecationWarning.
+    one-line ValueError before anything starts. ``config``: a `TrainConfig` or a
+    TOML file (`freescale.pipeline.config_file`, read onto ``preset``). The old
+    flat keywords (``steps=100``, ``model_options={...}``) still work, with a
+    DeprecationWarning.
     """
+    from freescale.pipeline.config_file import load_config
     from freescale.pipeline.launch import launch
+    from freescale.pipeline.run_dir import in_run_dir
 
-    cfg = config if config is not None else build_config(preset)
+    if config is None:
+        cfg = build_config(preset)
+    elif isinstance(config, TrainConfig):
+        cfg = config
+    else:
+        cfg = load_config(config, preset)
     if model is not None:  # its name in the config (and manifests); options its own
         section = settings.get("model")
         given = dict(section) if isinstance(section, dict) else {}
         settings = {**settings, "model": {"factory": python_name(model), **given}}
-    cfg = with_settings(cfg, settings)
+    cfg = in_run_dir(with_settings(cfg, settings))
     out = launch(cfg, model=model, data=data, state_dict=state_dict)
     if out is None:
         return None

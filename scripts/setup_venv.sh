@@ -16,7 +16,8 @@ echo "setting up .venv ($want) ..." >&2
 # The CPU build of torch; pip finds it among the local wheels on CI machines.
 .venv/bin/python -c 'import torch' 2>/dev/null || "${pip[@]}" torch==2.13.0
 if [ "$want" = test ]; then
-  "${pip[@]}" -e ".[dev,bench,data]"  # data: pyarrow, so the Parquet/CSV tests run (~3 s)
+  # data: pyarrow, so the Parquet/CSV tests run (~3 s); tensorboard: the run directory's events
+  "${pip[@]}" -e ".[dev,bench,data,tensorboard]"
   # torchrec's metadata asks for the CUDA fbgemm-gpu: install the CPU build with
   # --no-deps, then torchrec's own small dependencies explicitly.
   "${pip[@]}" --no-deps torchrec==1.8.0 fbgemm-gpu-cpu==1.8.0

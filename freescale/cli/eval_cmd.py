@@ -6,8 +6,11 @@ import argparse
 import json
 from dataclasses import replace
 
+from freescale.cli.config_args import notice
 from freescale.pipeline.checkpoint import find_checkpoint, read_manifest
-from freescale.pipeline.config import CheckpointSection, TrainConfig
+from freescale.pipeline.config import CheckpointSection, OutputSection, TrainConfig
+from freescale.pipeline.config_file import load_config
+from freescale.pipeline.run_dir import in_run_dir
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -17,22 +20,37 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Load a checkpoint with the config it was written with (same data, "
         "same world size) and evaluate it; no training step is taken.",
     )
-    p.add_argument("checkpoint", help="a checkpoint directory, or a checkpoint_dir (its newest)")
+    p.add_argument(
+        "checkpoint",
+        nargs="?",
+        help="a checkpoint directory, or a checkpoint_dir (its newest); "
+        "default: the newest in the --config's checkpoint.dir",
+    )
+    p.add_argument(
+        "--config",
+        default=None,
+        metavar="FILE.toml",
+        help="the run's config file (e.g. runs/NAME/config.toml) instead of the checkpoint's",
+    )
     p.set_defaults(run=run_eval)
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    found = find_checkpoint(args.checkpoint)
+    given = None
+    if args.config is not None:
+        given = in_run_dir(load_config(args.config, on_deprecated=notice))
+    where = args.checkpoint or (given.checkpoint.dir if given else "")
+    if not where:
+        raise ValueError("which checkpoint? name it, or give a --config with checkpoint.dir")
+    found = find_checkpoint(where)
     if found is None:
-        raise ValueError(f"no complete checkpoint in {args.checkpoint!r}")
+        raise ValueError(f"no complete checkpoint in {where!r}")
     manifest = read_manifest(found)  # its config: nested, or flat (older checkpoints)
-    saved = TrainConfig.from_dict(manifest["config"])
+    saved = given or TrainConfig.from_dict(manifest["config"])
     cfg = replace(
         saved.with_values(
             checkpoint=CheckpointSection(resume=str(found)),
-            output__metrics_path="",
-            output__trace_path="",
-            output__progress=False,
+            output=OutputSection(progress=False),  # writes nothing: the summary line is its output
         ),
         eval_only=True,
     )

@@ -8,20 +8,33 @@ import sys
 from pathlib import Path
 
 from freescale.pipeline.report import markdown, plot, read_metrics
+from freescale.pipeline.run_dir import METRICS
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="summarize a metrics file (markdown + PNG plots)")
-    p.add_argument("metrics", help="JSON-lines file written by `freescale train`")
-    p.add_argument("--out", default=None, help="output folder (default: beside the metrics)")
+    p.add_argument(
+        "metrics",
+        help="JSON-lines file written by `freescale train`, or a run directory (output.dir)",
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        help="output folder (default: the run directory, or beside the metrics file)",
+    )
     p.add_argument("--warmup", type=int, default=5, help="steps left out of the means")
     p.add_argument("--title", default="FreeScale training report")
     p.set_defaults(run=run_report)
 
 
 def run_report(args: argparse.Namespace) -> int:
-    records = read_metrics(args.metrics)
-    out = Path(args.out) if args.out else Path(args.metrics).with_suffix("")
+    metrics = Path(args.metrics)
+    if metrics.is_dir():  # a run directory: its metrics in, its report beside them
+        default_out, metrics = metrics, metrics / METRICS
+    else:
+        default_out = metrics.with_suffix("")
+    records = read_metrics(metrics)
+    out = Path(args.out) if args.out else default_out
     out.mkdir(parents=True, exist_ok=True)
     text = markdown(records, args.warmup, args.title)
     if importlib.util.find_spec("matplotlib") is not None:

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -93,7 +95,53 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--coef, --jitter, --intra, --inter and adds the fixed exposed times",
     )
     p.add_argument("--json-out", default=None, help="also write the rows as JSON to this file")
-    p.set_defaults(run=run_simulate)
+    p.add_argument(
+        "--config",
+        default=None,
+        metavar="FILE.toml",
+        help="a training config (freescale train --print-config): its mode, balance, batch "
+        "size, lengths, seed and model dim, where not given here",
+    )
+    # Unset until run time: a value given here wins over the config's, the config's
+    # over the default.
+    defaults = {dest: p.get_default(dest) for dest in FROM_CONFIG}
+    p.set_defaults(run=run_simulate, config_defaults=defaults, **dict.fromkeys(FROM_CONFIG))
+
+
+def _builtin_dim(cfg: Any) -> int | None:
+    from freescale.models.sequence import with_defaults
+
+    return with_defaults(cfg.model.options)["dim"] if cfg.model.builtin else None
+
+
+# what a training config (--config) gives: argument -> its value there (None: none)
+FROM_CONFIG: dict[str, Callable[[Any], Any]] = {
+    "modes": lambda c: c.run.mode,
+    "balance": lambda c: c.balance.method,
+    "batch_size": lambda c: c.run.batch_size,
+    "length_median": lambda c: c.data.length_median,
+    "length_sigma": lambda c: c.data.length_sigma,
+    "length_cap": lambda c: c.data.length_cap,
+    "max_uih": lambda c: c.data.max_uih,
+    "max_candidates": lambda c: c.data.max_candidates,
+    "max_content": lambda c: c.data.max_content,
+    "seed": lambda c: c.run.seed,
+    "embedding_dim": _builtin_dim,
+}
+
+
+def _with_config(args: argparse.Namespace) -> None:
+    """Fill the arguments not given from ``--config`` (or their defaults)."""
+    cfg = None
+    if args.config is not None:
+        from freescale.cli.config_args import notice
+        from freescale.pipeline.config_file import load_config
+
+        cfg = load_config(args.config, on_deprecated=notice)
+    for dest, get in FROM_CONFIG.items():
+        if getattr(args, dest) is None:
+            value = get(cfg) if cfg is not None else None
+            setattr(args, dest, args.config_defaults[dest] if value is None else value)
 
 
 def partitioner_assign(name: str, model: ComputeModel) -> Assign | None:
@@ -129,6 +177,7 @@ def _load_calibration(path: str | None) -> Calibration | None:
 
 
 def run_simulate(args: argparse.Namespace) -> int:
+    _with_config(args)
     if args.steps < 1 or not 0 <= args.skip < args.steps:
         raise ValueError(f"need steps >= 1 and 0 <= skip < steps, got {args.steps}, {args.skip}")
     cal = _load_calibration(args.calibration)

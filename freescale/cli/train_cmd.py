@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
-from freescale.pipeline.config import MODES, PRESETS, build_config, format_config, notice_text
+from freescale.cli.config_args import add_config_args, config_from_args
+from freescale.pipeline.config import MODES, format_config
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -16,15 +16,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Train with the staged pipeline. Under torchrun each process is one rank; "
         "otherwise --nproc ranks are spawned here (gloo on CPU, one GPU each with NCCL).",
     )
-    p.add_argument("--preset", default="demo", choices=sorted(PRESETS))
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config key section.key (repeatable), e.g. --set run.mode=sdd",
-    )
+    add_config_args(p)
     p.add_argument("--mode", choices=list(MODES), help="shortcut for --set run.mode=...")
     p.add_argument("--nproc", type=int, help="shortcut for --set run.nproc=...")
     p.add_argument(
@@ -36,7 +28,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="continue from a checkpoint: DIR (a checkpoint or a checkpoint_dir, its newest);"
         " without DIR, the newest in checkpoint_dir",
     )
-    p.add_argument("--print-config", action="store_true", help="print the config and exit")
+    p.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the config as TOML (what --config reads) and exit",
+    )
     p.set_defaults(run=run_train)
 
 
@@ -46,14 +42,14 @@ def run_train(args: argparse.Namespace) -> int:
         overrides.append(f"run.mode={args.mode}")
     if args.nproc is not None:
         overrides.append(f"run.nproc={args.nproc}")
-    cfg = build_config(args.preset, overrides, on_deprecated=_notice)  # ValueError: one line
+    cfg = config_from_args(args, overrides)  # ValueError: one line
     if args.resume is not None:
         target = args.resume or cfg.checkpoint.dir
         if not target:
             raise ValueError("--resume without DIR needs checkpoint.dir to be set")
         cfg = cfg.with_values(checkpoint__resume=target)
     if args.print_config:
-        print(format_config(cfg))
+        print(format_config(cfg), end="")
         return 0
     from freescale.pipeline.checks import check_launch
     from freescale.pipeline.launch import launch, under_torchrun
@@ -71,8 +67,3 @@ def run_train(args: argparse.Namespace) -> int:
     # Stopped by SIGTERM after a clean step (and checkpoint): the conventional 143.
     stopped = was_stopped() or (summary is not None and summary.get("stopped"))
     return EXIT_STOPPED if stopped else 0
-
-
-def _notice(key: str, path: str) -> None:
-    """One line per old flat key used (`freescale.pipeline.config.ALIASES`)."""
-    print(f"freescale: {notice_text(key, path)}", file=sys.stderr)

@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -37,24 +35,11 @@ from typing import Any
 import numpy as np
 
 from freescale.data.columnar import _pyarrow, parse_features
+from freescale.data.progress import Progress
 from freescale.data.readers import SequenceDataset, check_file
 
 PART = "part-{:05d}.parquet"
 PART_RE = re.compile(r"part-\d{5}\.parquet")
-
-
-class Progress:
-    """A progress line on stderr at most every ``every`` seconds (``say`` replaces it)."""
-
-    def __init__(self, say: Callable[[str], None] | None = None, every: float = 2.0) -> None:
-        self.say = say or (lambda msg: print(msg, file=sys.stderr, flush=True))
-        self.every, self.last = every, time.monotonic()
-
-    def __call__(self, msg: str, force: bool = False) -> None:
-        now = time.monotonic()
-        if force or now - self.last >= self.every:
-            self.say(msg)
-            self.last = now
 
 
 def check_output(dst: str | Path, owned: Callable[[str], bool], force: bool, what: str) -> Path:
@@ -124,7 +109,7 @@ def convert(
             raise ValueError("--features: events: data carry no extra columns yet")
         out = check_output(dst, PART_RE.fullmatch, force, "data convert")
         clear_output(out, PART_RE.fullmatch)
-        return convert_events(path, out, row_group, Progress(say))
+        return convert_events(path, out, row_group, Progress(say, unit="row group"))
     wanted = parse_features(features)
     if wanted and kind not in ("parquet", "csv"):
         raise ValueError(f"--features: {kind}: files have no extra columns (parquet: and csv: do)")
@@ -136,7 +121,7 @@ def convert(
         )
     check_file(path)
     out = check_output(dst, PART_RE.fullmatch, force, "data convert")
-    progress = Progress(say)
+    progress = Progress(say, unit="user")
     progress(f"data convert: reading {spec}", force=True)
     dataset = READERS[kind](path, **({"features": features} if wanted else {}))
     users = len(dataset.users)
@@ -160,7 +145,8 @@ def convert(
         lo, hi = bounds[k], bounds[k + 1]
         events += _write_part(out / PART.format(k), dataset, lo, hi, row_group, metadata)
         groups += -(-(hi - lo) // row_group)
-        progress(f"data convert: {k + 1}/{files} files, {hi}/{users} users", force=k + 1 == files)
+        progress(f"data convert: {k + 1}/{files} files", done=hi, total=users)
+    progress(f"data convert: {files}/{files} files, {users}/{users} users: done", force=True)
     return {
         "users": users,
         "items": dataset.num_items,

@@ -121,7 +121,7 @@ def convert_events(
         [("user_id", pa.int64())]
         + [(c, pa.list_(pa.int64())) for c in ("items", "actions", "timestamps")]
     ).with_metadata(metadata)
-    users = events = groups = 0
+    users = events = groups = read_groups = 0
     for k, path in enumerate(paths):
         parquet = _open(filesystem, path)
         read = _columns(path, parquet)
@@ -159,7 +159,8 @@ def convert_events(
                         writer, pending, row_group, (users, events, groups)
                     )
                     pending, held = [], 0
-                progress(f"data convert: file {k + 1}/{len(paths)}, row group {g + 1}")
+                read_groups += 1
+                progress(f"data convert: file {k + 1}/{len(paths)}", done=read_groups)
             if carry is not None and carry["user_id"].size:
                 pending.append(carry)
             users, events, groups = _flush(writer, pending, row_group, (users, events, groups))

@@ -46,8 +46,9 @@ from typing import Any
 import numpy as np
 
 from freescale.data.columnar import MAX_ACTIONS, _pyarrow
-from freescale.data.convert import PART, Progress, check_output, clear_output, list_array
+from freescale.data.convert import PART, check_output, clear_output, list_array
 from freescale.data.parquet_stream import OPTIONAL, Files, _list_files, _metadata_int, scan_files
+from freescale.data.progress import Progress
 from freescale.data.readers import DataFormatError
 
 HOLDOUT = 2  # leave-one-out: the validation and the test event
@@ -132,7 +133,7 @@ def split(
     }
     limits = {"items": num_items, "actions": num_actions}
     totals = dict.fromkeys(("users", "eval_users", "users_dropped", "events", "train_events"), 0)
-    progress, pieces, done = Progress(say), len(files.piece_rows), 0
+    progress, pieces, done = Progress(say, unit="row group"), len(files.piece_rows), 0
     for k, path in enumerate(files.paths):
         writers = {}
         try:
@@ -160,7 +161,9 @@ def split(
                     done += bool(table.num_rows)
                     progress(
                         f"data split: {done}/{pieces} row groups, {totals['users']} users, "
-                        f"{totals['eval_users']} evaluated"
+                        f"{totals['eval_users']} evaluated",
+                        done=done,
+                        total=pieces,
                     )
         except (pa.ArrowException, OSError) as e:
             raise DataFormatError(path, None, str(e).splitlines()[0]) from None

@@ -10,12 +10,13 @@ must wait for step s's update under prioritized embedding updates.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from itertools import pairwise
 
 import numpy as np
+
+from freescale.data.progress import Progress
 
 
 def batch_sparsity(lengths: np.ndarray) -> float:
@@ -99,13 +100,20 @@ def collect_stats(
         raise ValueError("collision statistics need at least 2 steps")
     if not max_uih_list or min(max_uih_list) < 1 or not batch_sizes or min(batch_sizes) < 1:
         raise ValueError("max UIH lengths and batch sizes must be >= 1")
-    say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    say = Progress(progress, unit="step")
     top = max(max_uih_list)
     rows: list[StatsRow] = []
+    done, total = 0, sum(steps_of[b] for b in batch_sizes)
     for b in batch_sizes:
         per_step = []
         for step in range(steps_of[b]):
-            say(f"  batch {b}: global step {step + 1}/{steps_of[b]} ({world_size} ranks)")
+            done += 1
+            say(
+                f"  batch {b}: global step {step + 1}/{steps_of[b]} ({world_size} ranks)",
+                force=step + 1 == steps_of[b],
+                done=done,
+                total=total,
+            )
             first = step * world_size * b
             per_step.append(
                 [source.raw_sample(g, top) for g in range(first, first + world_size * b)]

@@ -10,11 +10,13 @@ A checkpoint taken after step ``n - 1`` is a directory ``step-<n>`` holding
   state (cost model, AutoTune) - replicated, so written once;
 - ``rank<r>.pt``: that rank's RNG states (python, numpy, torch, CUDA) as
   tensors (`freescale.pipeline.rng`);
+- ``config.toml`` (rank 0): the run's config (`freescale.pipeline.config_file`);
 - ``manifest.json`` (rank 0, last): the format, the next step, the world
   size, the samples consumed before the next step, the run's segments
   (``[[first step, world size], ...]``; optional, older manifests have one),
-  the config, and ``[bytes, sha256]`` of every other file; a directory with
-  a manifest is complete.
+  the config (the values of ``config.toml``; older checkpoints have no such
+  file), and ``[bytes, sha256]`` of every other file; a directory with a
+  manifest is complete.
 
 Nothing in it runs code on load and nothing damaged is used
 (`freescale.pipeline.checkpoint_files`): ``.pt`` files load with
@@ -50,6 +52,7 @@ import contextlib
 import json
 import os
 import shutil
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -69,11 +72,13 @@ from freescale.pipeline.checkpoint_files import (
     share,
     write_plain,
 )
+from freescale.pipeline.config_file import toml_text
 from freescale.pipeline.position import DataPosition, Segments
 from freescale.pipeline.rank_text import all_gather_text, broadcast_text, first_problem
 from freescale.pipeline.rng import rng_state, set_rng_state
 
 PREFIX = "step-"
+CONFIG = "config.toml"  # the config as TOML: `freescale train --config` reads it
 # Config keys that define the model, its tables and the data stream: a
 # checkpoint resumes only into a run with the same values. Others (steps, lr,
 # mode, balance, logging, the world size, ...) may change on resume.
@@ -176,6 +181,8 @@ class Checkpointer:
     ) -> None:
         self.directory = Path(directory) if directory else None
         self.every, self.keep, self.config, self.group = every, keep, config, group
+        values = {k: v for k, v in config.items() if k != "eval_only"}  # no key: a command's
+        self.config_text = toml_text(values) if self.directory else ""
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world = dist.get_world_size() if dist.is_initialized() else 1
 
@@ -215,6 +222,7 @@ class Checkpointer:
         write_plain({"rng": rng_state()}, partial / f"rank{self.rank}.pt")
         if self.rank == 0:
             write_plain({k: v.state_dict() for k, v in replicated.items()}, partial / "trainer.pt")
+            (partial / CONFIG).write_text(self.config_text)
         self._barrier()  # every rank's files are on disk
         files = self._digests(partial)
         if self.rank == 0:
@@ -224,7 +232,7 @@ class Checkpointer:
                 "world_size": self.world,
                 "samples_seen": samples_seen,
                 "segments": [list(s) for s in segments or ((0, self.world),)],
-                "config": self.config,
+                "config": tomllib.loads(self.config_text),  # the config.toml's values
                 "files": files,
             }
             with open(partial / MANIFEST, "w") as f:

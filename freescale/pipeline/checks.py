@@ -17,10 +17,13 @@ import torch
 from freescale.data.source import BUILTIN_KINDS, STREAMS
 from freescale.kernels.cudnn_attention import package_problem
 from freescale.models.contract import load_object
+from freescale.pipeline.board import check_installed
 from freescale.pipeline.checkpoint import check_resumable
 from freescale.pipeline.config import TrainConfig
+from freescale.pipeline.config_file import config_toml
 from freescale.pipeline.faults import parse_ranks
 from freescale.pipeline.graphs import check_attention
+from freescale.pipeline.run_dir import check_run_dir
 
 
 def check_launch(cfg: TrainConfig, model_given: bool = False) -> None:
@@ -73,6 +76,14 @@ def check_launch(cfg: TrainConfig, model_given: bool = False) -> None:
             _writable_dir(f"output.{key}", Path(value.replace("{rank}", "0")).parent)
     if cfg.checkpoint.dir:
         _writable_dir("checkpoint.dir", Path(cfg.checkpoint.dir))
+    if cfg.output.dir or cfg.checkpoint.dir:  # they hold the config as TOML
+        config_toml(cfg)
+    if cfg.output.dir:
+        _writable_dir("output.dir", Path(cfg.output.dir))
+        if int(os.environ.get("RANK", "0")) == 0:  # under torchrun rank 0 writes config.toml
+            check_run_dir(cfg)
+    if cfg.output.tensorboard:
+        check_installed()
     if cfg.checkpoint.resume:
         # Spawning ranks here: check every file now (one line, rc 2, before any
         # rank). Under torchrun each process is a rank: they check the files

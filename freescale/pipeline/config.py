@@ -277,8 +277,6 @@ class CheckpointSection:
     def __post_init__(self) -> None:
         _at_least(self, "checkpoint", ("every",), 0)
         _at_least(self, "checkpoint", ("keep",), 1)
-        if self.every and not self.dir:
-            raise ValueError("checkpoint.every needs checkpoint.dir (where to write them)")
 
 
 @dataclass(frozen=True)
@@ -317,10 +315,16 @@ class OutputSection:
     trace_path: str = ""  # a profiler trace ("{rank}" in it: one file per rank)
     trace_steps: str = ""  # its steps, e.g. "10-12" (default 2-3)
     progress: bool = True
+    # a run directory (`freescale.pipeline.run_dir`): the paths above left empty,
+    # the checkpoints' too, go there; empty: each path as given
+    dir: str = ""
+    tensorboard: bool = False  # step metrics and evaluations as scalars, in ``dir``
 
     def __post_init__(self) -> None:
         if self.trace_steps:
             trace_window(self.trace_steps)
+        if self.tensorboard and not self.dir:
+            raise ValueError("output.tensorboard=true needs output.dir (the run directory)")
 
 
 SECTIONS: dict[str, type] = {
@@ -361,6 +365,10 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         # The only checks across sections: each names both keys.
+        if self.checkpoint.every and not (self.checkpoint.dir or self.output.dir):
+            raise ValueError(
+                "checkpoint.every needs checkpoint.dir (where to write them) or output.dir"
+            )
         cap = self.balance.max_local_batch
         if cap and cap < self.run.batch_size:
             raise ValueError(
@@ -424,7 +432,7 @@ _SAME_NAME = {
     "embeddings": [],
     "pipeline": [f.name for f in fields(PipelineSection)],
     "faults": [f.name for f in fields(FaultsSection) if not f.name.startswith("nan_")],
-    "output": [f.name for f in fields(OutputSection)],
+    "output": [f.name for f in fields(OutputSection) if f.name not in ("dir", "tensorboard")],
 }
 ALIASES: dict[str, str] = {
     **{key: f"{section}.{key}" for section, keys in _SAME_NAME.items() for key in keys},
@@ -618,39 +626,85 @@ def build_config(
     options of the data source / model factory (JSON literals, else strings).
     An old flat key is mapped by `ALIASES` and reported to ``on_deprecated(key,
     new path)`` (default: a DeprecationWarning)."""
-    if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; presets: {', '.join(PRESETS)}")
-    notify = on_deprecated or deprecation_warning
-    types = _types()
-    state = _Values(PRESETS[preset]())
+    builder = ConfigBuilder(preset, on_deprecated)
     for item in overrides or []:
         key, sep, text = item.partition("=")
-        key, text = key.strip(), text.strip()
         if not sep:
             raise ValueError(f"override {item!r} must look like key=value")
+        builder.set(key.strip(), text.strip())
+    return builder.build()
+
+
+class ConfigBuilder:
+    """A preset with keys set one at a time: ``--set`` text (`set`) or typed
+    values of a config file (`set_value`); each key's errors are raised as it
+    is set, the sections' own checks at `build`."""
+
+    def __init__(
+        self, preset: str = "demo", on_deprecated: Callable[[str, str], None] | None = None
+    ) -> None:
+        if preset not in PRESETS:
+            raise ValueError(f"unknown preset {preset!r}; presets: {', '.join(PRESETS)}")
+        self.notify = on_deprecated or deprecation_warning
+        self.types = _types()
+        self.state = _Values(PRESETS[preset]())
+
+    def set(self, key: str, text: str) -> None:
+        """``key=text`` as on the command line (the text parsed by the key's type)."""
+        self._apply(key, text, parse_value, option_value)
+
+    def set_value(self, key: str, value: Any) -> None:
+        """``key`` to a typed value (a config file's): its type must be the key's."""
+        self._apply(key, value, typed_value, lambda v: v)
+
+    def set_options(self, section: str, options: Any) -> None:
+        """A factory's options as a whole table (``[data.options]`` of a file)."""
+        if not isinstance(options, dict):
+            raise ValueError(f"{section}.options must be a table of the factory's options")
+        self.state.set(f"{section}.options", options)
+
+    def build(self) -> TrainConfig:
+        return self.state.build()
+
+    def _apply(self, key: str, value: Any, parse: Callable, option: Callable) -> None:
         path = SHORTHANDS.get(key) or key
         section, _, name = path.partition(".")
         if key in ("data_options", "model_options"):
             raise ValueError(f"{key} is set as {key.split('_')[0]}.KEY=VALUE, one key at a time")
-        if path not in types and key in ALIASES:  # an old flat key
+        if path not in self.types and key in ALIASES:  # an old flat key
             path = ALIASES[key]
-            notify(key, path)
+            self.notify(key, path)
             section, _, name = path.partition(".")
             if key == "item_dim":
-                state.item_dim = parse_value("int", key, text)
-                continue
-        if section in OPTION_SECTIONS and name and path not in types:
-            state.set(f"{section}.options", {name: option_value(text)})
-            continue
-        if path not in types:
+                self.state.item_dim = parse("int", key, value)
+                return
+        if section in OPTION_SECTIONS and name and path not in self.types:
+            self.state.set(f"{section}.options", {name: option(value)})
+            return
+        if path not in self.types:
             raise ValueError(
                 f"unknown config key {key!r}; keys are section.key: {', '.join(known_keys())}"
             )
-        value = parse_value(types[path], key, text)
+        value = parse(self.types[path], key, value)
         if path == "model.factory" and not value:
             value = BUILTIN_MODEL  # the old "model=" (empty): the built-in model
-        state.set(path, value)
-    return state.build()
+        self.state.set(path, value)
+
+
+def typed_value(field_type: Any, key: str, value: Any) -> Any:
+    """A config file's value for ``key``, checked against its type (an int
+    where a float goes is fine; a bool is no number)."""
+    kind = field_type if isinstance(field_type, str) else getattr(field_type, "__name__", "")
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    fits = {
+        "bool": isinstance(value, bool),
+        "int": number and isinstance(value, int),
+        "float": number,
+        "str": isinstance(value, str),
+    }
+    if not fits.get(kind, True):
+        raise ValueError(f"{key} expects a {kind}, got {value!r}")
+    return float(value) if kind == "float" else value
 
 
 def resolve_alias(key: str) -> str | None:
@@ -659,12 +713,8 @@ def resolve_alias(key: str) -> str | None:
 
 
 def format_config(cfg: TrainConfig) -> str:
-    """``--print-config``: one block per section, one ``key = value`` line per key."""
-    lines = []
-    for section, values in cfg.as_dict().items():
-        if section == "eval_only":
-            continue
-        lines.append(f"[{section}]")
-        for key, value in values.items():
-            lines.append(f"{key} = {json.dumps(value)}")
-    return "\n".join(lines)
+    """``--print-config``: the config as TOML, one table per section, which
+    ``--config`` reads back (`freescale.pipeline.config_file`)."""
+    from freescale.pipeline.config_file import config_toml
+
+    return config_toml(cfg)

@@ -10,6 +10,8 @@ What the launcher guarantees:
 
 - every value that could fail later is checked here first
   (`freescale.pipeline.checks`): a bad config is one line, before any rank;
+- a run directory (``output.dir``, `freescale.pipeline.run_dir`) gets its
+  ``config.toml`` before any rank starts and ``summary.json`` after the run;
 - a rank that raises ends the run at once: the others are killed and
   `RunFailed` carries that rank's one-line error (its traceback went to
   stderr when the error was not a plain input error); a ValueError (bad
@@ -45,6 +47,7 @@ from freescale.pipeline.config import TrainConfig
 from freescale.pipeline.export import full_state_dict
 from freescale.pipeline.liveness import EXIT_STOPPED, die_with_parent, was_stopped
 from freescale.pipeline.nonfinite import NonFiniteError
+from freescale.pipeline.run_dir import write_config, write_summary
 from freescale.pipeline.train import Trainer
 
 
@@ -87,6 +90,15 @@ def launch(
     if not checked:
         check_launch(cfg, model_given=model is not None)
     job = RankJob(model, data, state_dict)
+    if int(os.environ.get("RANK", "0")) == 0:
+        write_config(cfg)  # a run directory's config.toml, before any rank starts
+    out = _launch(cfg, job)
+    if out is not None:
+        write_summary(cfg, out["summary"] if job.api else out)
+    return out
+
+
+def _launch(cfg: TrainConfig, job: RankJob) -> dict[str, Any] | None:
     if under_torchrun():
         die_with_parent()  # the torchrun agent
         return _run_initialized(

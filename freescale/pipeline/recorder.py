@@ -2,7 +2,8 @@
 
 A step leaves a `StepRecord` (its values still on the device, copied without
 waiting); the next step's `StepMetrics.finish` reads it, gathers every rank's
-`RankStep` over gloo, writes the metrics line and prints progress.
+`RankStep` over gloo, writes the metrics line (and TensorBoard's scalars)
+and prints progress.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 from torch import Tensor
 
 from freescale.jagged.ops import copy_to_host, wait_for_copy
+from freescale.pipeline.board import ScalarBoard
 from freescale.pipeline.config import OutputSection, RunSection
 from freescale.pipeline.flops import peak_tflops
 from freescale.pipeline.liveness import mark_stopped
@@ -82,6 +84,8 @@ class StepMetrics:
         self.peak = peak_tflops(device, run.peak_tflops)
         self.summary = RunSummary(run.warmup, peak_tflops=self.peak)
         self.writer = JsonLines(section.metrics_path if rank == 0 else "", append=append)
+        board = section.dir if rank == 0 and section.tensorboard else ""
+        self.board = ScalarBoard(board, append=append)
         self.stop_agreed = False  # every rank saw a stop request in the same metrics gather
 
     def finish(self, rec: StepRecord, start: float, stop: bool, observe: Any, count: Any) -> None:
@@ -129,12 +133,18 @@ class StepMetrics:
         if rec.eval is not None:
             self.summary.evals.append(rec.eval)
             record["eval_ne"] = rec.eval["ne"]
+            record["eval"] = {k: v for k, v in rec.eval.items() if k != "step"}
         self.writer.write(record)
+        self.board.write(record)
         self._progress(rec.step, record, start)
         # The skip flags are global (agreed in backward; the dense gradients are
         # all-reduced), so every rank takes the same decision here.
         seen = [r for r, x in enumerate(table[:, NONFINITE].tolist()) if x > 0]
         count(rec.step, bool(skipped), bool(partial), seen)
+
+    def close(self) -> None:
+        self.writer.close()
+        self.board.close()
 
     def _progress(self, step: int, record: dict[str, Any], start: float) -> None:
         if self.rank != 0 or not self.section.progress:

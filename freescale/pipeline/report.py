@@ -11,7 +11,11 @@ from freescale.pipeline.timing import CATEGORIES
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     records = []
-    with open(path) as f:
+    try:
+        f = open(path)  # noqa: SIM115 - closed below
+    except OSError as e:
+        raise ValueError(f"cannot read metrics {str(path)!r} ({e.strerror})") from None
+    with f:
         for line_no, line in enumerate(f, 1):
             if not line.strip():
                 continue

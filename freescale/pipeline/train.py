@@ -213,7 +213,7 @@ class Trainer:
         final = {} if metrics.stop_agreed else self.evaluator.final()  # a stop must be quick
         if profiler is not None:
             profiler.stop()
-        metrics.writer.close()
+        metrics.close()
         return self._summary(first, step, start, final) if self.rank == 0 else None
 
     def _summary(self, first: int, step: int, start: float, final: dict) -> dict[str, Any]:

@@ -1,0 +1,46 @@
+"""The config options of the commands that take a run's config: ``--preset``,
+``--config FILE.toml`` and ``--set KEY=VALUE`` (applied in that order)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from freescale.pipeline.config import PRESETS, TrainConfig, build_config, notice_text
+
+
+def add_config_args(p: argparse.ArgumentParser, what: str = "override a config key") -> None:
+    p.add_argument("--preset", default="demo", choices=sorted(PRESETS))
+    p.add_argument(
+        "--config",
+        default=None,
+        metavar="FILE.toml",
+        help="a config file (what --print-config prints), on the preset; --set goes on top",
+    )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"{what} section.key (repeatable), e.g. --set run.mode=sdd",
+    )
+
+
+def config_from_args(args: argparse.Namespace, overrides: list[str]) -> TrainConfig:
+    """The config of ``--preset``, ``--config`` and ``overrides``, its empty
+    paths under ``output.dir`` (`freescale.pipeline.run_dir`); ValueError: one line."""
+    from freescale.pipeline.run_dir import in_run_dir
+
+    if args.config is None:
+        cfg = build_config(args.preset, overrides, on_deprecated=notice)
+    else:
+        from freescale.pipeline.config_file import load_config
+
+        cfg = load_config(args.config, args.preset, overrides, on_deprecated=notice)
+    return in_run_dir(cfg)
+
+
+def notice(key: str, path: str) -> None:
+    """One line per old flat key used (`freescale.pipeline.config.ALIASES`)."""
+    print(f"freescale: {notice_text(key, path)}", file=sys.stderr)
