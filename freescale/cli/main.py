@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from freescale.cli import (
@@ -40,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:  # user errors: one clear line, no traceback
         print(f"freescale: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `freescale ... | head`: the reader left; not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second one at exit
+        return 0
     except RuntimeError as e:
         if type(e).__name__ != "RunFailed":  # a rank failed: its one line (trace printed above)
             raise
