@@ -84,8 +84,16 @@ def _worker(
         LOCAL_RANK=str(rank),
     )
     try:
+        # The caller's store holds the port (see run_ranks): this is a client of it.
+        store = dist.TCPStore(
+            "127.0.0.1", port, world_size, is_master=False, timeout=timedelta(seconds=timeout_s)
+        )
         dist.init_process_group(
-            "gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s)
+            "gloo",
+            store=store,
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=timeout_s),
         )
         out = fn(*args)
         # Serialize here: tensors sent through a Queue share storage via file
@@ -111,9 +119,15 @@ def run_ranks(
     """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
+    import torch.distributed as dist
+
     ctx = _context()
     results = ctx.Queue()
-    port = free_port()
+    # The rendezvous store lives here, bound to a port the OS picks and held
+    # until the ranks are done: a port found free and then bound by a rank
+    # could be taken in between by a concurrent run (pytest-xdist, CI).
+    store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False)
+    port = store.port
     procs = [
         ctx.Process(
             target=_worker, args=(r, world_size, port, timeout, fn, args, results), daemon=True
@@ -130,6 +144,7 @@ def run_ranks(
     for p in procs:
         p.join(timeout=10)
     _kill(procs)
+    del store
     return [outputs[r] for r in range(world_size)]
 
 
