@@ -65,8 +65,9 @@ class Evaluator:
         """NE on held-out samples; file data: ranking metrics of the first batches."""
         self.schedule.flush()
         with self.embeddings.prefetch_disabled():
-            if self.ranked:
-                return self._split("valid", self.section.batches)
+            if self.ranked:  # keep_best: the whole split (`freescale.pipeline.best`)
+                batches = None if self.section.keep_best else self.section.batches
+                return self._split("valid", batches)
             totals = torch.zeros(3, dtype=torch.float64, device=self.device)
             for k in range(self.section.batches):
                 batch = self.source.batch(
