@@ -4,10 +4,11 @@ Every evaluation during training then covers the whole validation split. A
 new best (strictly higher metric) copies this rank's weights: the dense
 model's state and the local rows of every sharded table (no collective;
 every rank does it at the same evaluations, their metrics being all-reduced).
-After the last step they are put back, so the final evaluation, the summary
-and an exported state dict are those of the best evaluation, reported as
-``best = {metric, value, step, epoch}``. With ``evaluation.patience = N`` the
-run stops after N evaluations in a row without a new best.
+Before the final evaluation they are put back, so it, the summary and an
+exported state dict are those of the best evaluation, reported as the
+summary's ``eval.best = {metric, value, step, epoch, stopped_early}``. With
+``evaluation.patience = N`` the run stops after N evaluations in a row
+without a new best.
 
 The copies live in memory only: a checkpoint does not hold them, so a
 resumed run could not know an earlier best; ``checkpoint.resume`` with
@@ -60,7 +61,8 @@ class BestWeights:
             self._weight(store).copy_(saved)
 
     def report(self, steps_per_epoch: int | None) -> dict[str, Any]:
-        out: dict[str, Any] = {"metric": self.metric, "value": self.value, "step": self.step + 1}
+        out: dict[str, Any] = {"metric": self.metric, "value": self.value, "step": self.step + 1,
+                               "stopped_early": self.stop}  # fmt: skip
         if steps_per_epoch:
             out["epoch"] = (self.step + 1) / steps_per_epoch
         return out

@@ -567,10 +567,23 @@ def h200_21k() -> TrainConfig:
     return _h200(21_000)
 
 
+def _recipe(name: str) -> Callable[[], TrainConfig]:
+    """A recipe of `freescale.pipeline.recipes` (imported when built: it imports this)."""
+
+    def make() -> TrainConfig:
+        from freescale.pipeline.recipes import RECIPES
+
+        return RECIPES[name]()
+
+    return make
+
+
 PRESETS: dict[str, Callable[[], TrainConfig]] = {
     "demo": demo,
     "h200-8k": h200_8k,
     "h200-21k": h200_21k,
+    "sasrec-sequence": _recipe("sasrec-sequence"),  # docs/train-on-your-data.md
+    "sasrec-hstu": _recipe("sasrec-hstu"),
 }
 
 

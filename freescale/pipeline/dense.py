@@ -16,9 +16,10 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
+from freescale.models.dropout import training_step
 from freescale.models.sequence import check_attention_device
 from freescale.pipeline.compile import compile_regions, compile_state, compiled_frames
-from freescale.pipeline.config import DenseSection, FaultsSection
+from freescale.pipeline.config import DenseSection, FaultsSection, RunSection
 from freescale.pipeline.graphs import BlockGraphs, install_graphs
 from freescale.pipeline.lr_schedule import lr_schedule
 from freescale.pipeline.nonfinite import NonFiniteCount, skip_flags
@@ -117,10 +118,12 @@ class DenseTraining:
         device: torch.device,
         timer: SectionTimer,
         step_tokens: int = 0,
-        steps: int = 0,
+        run: RunSection | None = None,
     ) -> None:
         """``step_tokens``: the most UIH tokens of a local batch (batch_size x max_uih);
-        ``steps``: the run's (where an lr schedule ends)."""
+        ``run``: its steps end an lr schedule, its seed keys dropout's masks."""
+        run = run or RunSection()
+        self.seed = run.seed
         self.model, self.guard, self.device, self.timer = model, guard, device, timer
         check_attention_device(model, device)  # model.attention=cudnn: this GPU, at start
         world = dist.get_world_size()
@@ -143,7 +146,7 @@ class DenseTraining:
         # Listed once: `Module.parameters()` walks the module tree on every call.
         self.params = list(model.parameters())
         self.optimizer = GuardedAdam(self.params, section.lr, section.weight_decay)
-        self.lr_schedule = lr_schedule(section.lr, section.lr_warmup, section.lr_decay, steps)
+        self.lr_schedule = lr_schedule(section.lr, section.lr_warmup, section.lr_decay, run.steps)
         self.nonfinite = NonFiniteCount(faults.nonfinite, faults.nonfinite_max_skips)
         self.autocast = torch.autocast(
             device.type, dtype=torch.bfloat16, enabled=section.amp == "bf16"
@@ -159,9 +162,10 @@ class DenseTraining:
             return {**out, "dense_graphs": "on", "dense_graphs_captured": self.graphs.captures}
         return {**out, "dense_graphs": self.graphs_skipped} if self.graphs_skipped else out
 
-    def forward(self, batch: Any) -> Tensor:
+    def forward(self, batch: Any, step: int = 0) -> Tensor:
+        """The logits of training step ``step`` (dropout's masks are that step's)."""
         self._frames_before = compiled_frames()
-        with self.autocast:
+        with self.autocast, training_step(self.model, self.seed, step):
             return self.sync.ddp(batch)
 
     def backward(self, loss: Tensor, empty: bool) -> None:

@@ -104,6 +104,14 @@ def epoch_steps(run: RunSection, source: Any, world_size: int) -> int:
     return run.epochs * per_epoch(world_size, run.batch_size)
 
 
+def open_data(
+    cfg: TrainConfig, world_size: int, source: DataSource | None = None
+) -> tuple[TrainConfig, DataSource]:
+    """The run's data (`check_data`) and ``cfg`` with ``run.epochs`` as its steps."""
+    source = check_data(cfg.data, cfg.run, world_size, source)
+    return resolve_epochs(cfg, source, world_size), source
+
+
 def resolve_epochs(cfg: TrainConfig, source: Any, world_size: int) -> TrainConfig:
     """``cfg`` with ``run.steps`` set from ``run.epochs`` (unchanged without it)."""
     if not cfg.run.epochs:

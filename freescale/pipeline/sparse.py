@@ -18,7 +18,7 @@ from freescale.embedding import SGD, Adam, RowwiseAdagrad, ShardingPlan, TableEn
 from freescale.embedding.modes import MODES
 from freescale.embedding.optim import OptimizerConfig
 from freescale.jagged.batch import SampleBatch
-from freescale.pipeline.config import EmbeddingsSection, PipelineSection
+from freescale.pipeline.config import EmbeddingsSection, PipelineSection, RunSection
 from freescale.pipeline.lr_schedule import lr_schedule
 from freescale.pipeline.schedule import Schedule
 from freescale.pipeline.setup import glob_escape
@@ -68,14 +68,13 @@ class SparseSide:
         model: nn.Module,
         section: EmbeddingsSection,
         pipeline: PipelineSection,
-        mode: str,
+        run: RunSection,
         world: int,
         device: torch.device,
         timer: SectionTimer,
-        steps: int = 0,
     ) -> None:
-        """``steps``: the run's (an lr schedule's end)."""
-        self.steps = steps
+        """``run``: its mode, and its steps (where an lr schedule ends)."""
+        mode, self.steps = run.mode, run.steps
         self.comm = make_communicator(pipeline.comm_backend, device)
         self.overlap_comm = self.comm
         if pipeline.comm_overlapped and pipeline.comm_overlapped != pipeline.comm_backend:

@@ -23,10 +23,8 @@ from torch import Tensor
 from freescale.data.source import DataSource, schema_of
 from freescale.jagged.batch import SampleBatch
 from freescale.models.contract import has_default_loss
-from freescale.models.dropout import training_step
 from freescale.models.loss import bce_loss_and_sum, bce_total
 from freescale.pipeline.balancing import Feed, balance_stage, host_lengths
-from freescale.pipeline.best import BestWeights
 from freescale.pipeline.config import TrainConfig
 from freescale.pipeline.dense import DenseTraining
 from freescale.pipeline.evaluator import Evaluator
@@ -37,13 +35,7 @@ from freescale.pipeline.loader import BatchInfo, Prefetcher, default_workers
 from freescale.pipeline.profiling import make_profiler
 from freescale.pipeline.recorder import StepMetrics, StepRecord, read_later
 from freescale.pipeline.run_state import DenseState, RunState
-from freescale.pipeline.setup import (
-    build_model,
-    check_data,
-    pick_device,
-    resolve_epochs,
-    seed_everything,
-)
+from freescale.pipeline.setup import build_model, open_data, pick_device, seed_everything
 from freescale.pipeline.sparse import SparseSide
 from freescale.pipeline.sync_debug import report_host_syncs
 from freescale.pipeline.timing import SectionTimer
@@ -62,13 +54,11 @@ class Trainer:
         data: DataSource | None = None,
         profiler: Any = None,
     ) -> None:
-        self.cfg, run = cfg, cfg.run
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        self.device = device = pick_device(run)
-        seed_everything(run)
-        self.source = check_data(cfg.data, run, self.world, data)
-        self.cfg = cfg = resolve_epochs(cfg, self.source, self.world)  # run.epochs: the steps
-        run = cfg.run
+        self.device = device = pick_device(cfg.run)
+        seed_everything(cfg.run)
+        cfg, self.source = open_data(cfg, self.world, data)  # run.epochs: its steps in cfg
+        self.cfg, run = cfg, cfg.run
         group = gloo_group(run.timeout_s) if self.world > 1 else None  # never waits for a GPU
         check_all_rows(self.source, group, self.rank, self.world)  # every row, before step 0
         self.schema = schema_of(self.source)
@@ -78,15 +68,13 @@ class Trainer:
         # identities. Only the data wait is read from the sections there.
         self.timer = SectionTimer(device, frozenset({"data"}) if self.world == 1 else None)
         self.sparse = sparse = SparseSide(
-            self.model, cfg.embeddings, cfg.pipeline, run.mode, self.world, device, self.timer,
-            run.steps,
-        )  # fmt: skip
+            self.model, cfg.embeddings, cfg.pipeline, run, self.world, device, self.timer
+        )
         self.embeddings, self.schedule = sparse.embeddings, sparse.schedule
         self.comm, self.overlap_comm = sparse.comm, sparse.overlap_comm
         self.dense = DenseTraining(
             self.model, cfg.dense, cfg.faults, sparse.guard, device, self.timer,
-            run.batch_size * cfg.data.max_uih,  # the most UIH tokens of a batch
-            run.steps,
+            run.batch_size * cfg.data.max_uih, run,  # the most UIH tokens of a batch; the run
         )  # fmt: skip
         self.optimizer, self.default_loss = self.dense.optimizer, has_default_loss(self.model)
         self.balance = balance_stage(
@@ -110,11 +98,6 @@ class Trainer:
             cfg.evaluation, self.model, self.source, self.embeddings, self.schedule,
             self.rank, self.world, run.batch_size, device,
         )  # fmt: skip
-        self.best = None
-        if cfg.evaluation.keep_best:
-            if not self.evaluator.ranked:
-                raise ValueError("evaluation.keep_best needs file data (data=sasrec:PATH, ...)")
-            self.best = BestWeights(cfg.evaluation, replicated["model"], self.embeddings)
         self.faults = Faults(cfg.faults, self.rank, device)
         self.profiler, self.schedule_name = profiler, self.sparse.schedule_name
 
@@ -129,8 +112,8 @@ class Trainer:
         """Launch one step: (its [BCE sum(, loss sum)], its flags of `skip_flags`), read later."""
         global_count = self.schedule.global_count(info)
         batch = batch.with_max_lengths(info.max_uih, info.max_candidates)
-        with self.embeddings.serving(features), training_step(self.model, self.cfg.run.seed, step):
-            logits = self.dense.forward(batch)  # dropout's masks: this step's, per sample
+        with self.embeddings.serving(features):
+            logits = self.dense.forward(batch, step)
         self.faults.delay_compute()
         self.schedule.after_forward()
         if self.balance is not None:
@@ -211,9 +194,7 @@ class Trainer:
             if collision is not None:
                 record.collision = read_later(collision)
             if self.evaluator.due(step, run.steps):
-                record.eval = {"step": step, **self.evaluator.heldout()}
-                if self.best is not None:
-                    self.best.observe(step, record.eval)
+                record.eval = {"step": step, **self.evaluator.heldout(step)}
             if pending is not None:
                 self._finish(pending, start)
             pending = record
@@ -223,13 +204,9 @@ class Trainer:
                 self._finish(pending, start)  # metrics complete up to this step
                 pending = None
                 self.state.save(step + 1)
-            if metrics.stop_agreed:
-                break
-            if self.best is not None and self.best.stop:  # every rank: the same metrics
+            if metrics.stop_agreed or self.evaluator.stop:  # (patience: the same on every rank)
                 break
         self.schedule.flush()
-        if self.best is not None:
-            self.best.restore()  # the final evaluation and the weights: the best's
         if pending is not None:
             self._finish(pending, start)
         host_syncs.close()
@@ -252,11 +229,6 @@ class Trainer:
         if self.state.data_position:
             extra["resumed"] = self.state.resumed()
         extra.update(self.dense.graph_summary())  # and dense.compile's
-        if self.best is not None:
-            per_epoch = getattr(self.source, "steps_per_epoch", None)
-            extra["best"] = self.best.report(per_epoch(self.world, self.cfg.run.batch_size))
-            if step + 1 < self.cfg.run.steps and not self.metrics.stop_agreed:
-                extra["stopped_early"] = step + 1  # steps run (evaluation.patience)
         if final:
             extra["eval"] = final
             if samples := final.get("data", {}).get("train_samples"):  # unknown when streamed
