@@ -411,12 +411,15 @@ class TrainConfig:
             raise ValueError(
                 f"model.{dropout[0]} needs eager dense blocks (dense.graphs and dense.compile off)"
             )
-        for section in (self.dense, self.embeddings):
-            name = "dense" if section is self.dense else "embeddings"
-            if not self.run.epochs and section.lr_warmup >= self.run.steps:
-                raise ValueError(
-                    f"{name}.lr_warmup ({section.lr_warmup}) must be < run.steps ({self.run.steps})"
-                )
+        if not self.run.epochs:  # else once the data gives the steps (`setup.resolve_epochs`)
+            self.check_warmups(self.run.steps)
+
+    def check_warmups(self, steps: int) -> None:
+        """The lr warm-ups end before the run's ``steps`` do."""
+        for name in ("dense", "embeddings"):
+            warmup = getattr(self, name).lr_warmup
+            if warmup >= steps:
+                raise ValueError(f"{name}.lr_warmup ({warmup}) must be < the run's steps ({steps})")
 
     def __getattr__(self, name: str) -> Any:
         """An old flat key read as an attribute (``cfg.batch_size``): its

@@ -118,6 +118,7 @@ def resolve_epochs(cfg: TrainConfig, source: Any, world_size: int) -> TrainConfi
         return cfg
     steps = epoch_steps(cfg.run, source, world_size)
     try:
+        cfg.check_warmups(steps)
         return cfg.with_values(run__steps=steps)
     except ValueError as e:
         raise ValueError(f"run.epochs={cfg.run.epochs} is {steps} steps: {e}") from None
