@@ -82,7 +82,7 @@ class Scenario:
             raise ValueError(f"{self.name}: ranks must be positive world sizes")
         keys = config_keys()
         for key in [*self.grid, *self.set]:
-            if key not in keys:
+            if key not in keys and key != "preset":  # a [grid] of presets (`train`)
                 raise ValueError(f"{self.name}: config key {key!r} is not in keys.toml")
         if unknown := set(self.smoke) - {
             "params",

@@ -14,6 +14,9 @@ Model FLOPs per step, TFLOP/s per GPU and MFU are the trainer's own (its
 summary's ``step_tflop``, ``tflops``, ``mfu_pct``: null where the model counts
 no FLOPs or, for MFU, the device's peak is unknown; ``peak_tflops`` overrides it).
 
+File data adds test HR@10 / NDCG@10 and the popularity baseline's
+(``test_hr@10``, ``popularity_test_ndcg@10``, ...) and ``best_epoch``
+(``evaluation.keep_best``). ``preset`` may be a [grid] axis (recipes).
 Parameters (``[params]``): ``preset``, ``steps``, ``warmup``, ``trace_steps``
 ("30-32"), ``loss_gap`` (true: the largest per-step loss gap of each point to the
 ``mode = "sync"`` point of the same other axes, from the step logs).
@@ -78,7 +81,7 @@ def single_rank() -> Any:
 def overrides(s: Scenario, point: dict[str, Any], metrics: Path, trace: Path | None) -> list[str]:
     p = s.params
     sets = [setting(k, v) for k, v in s.set.items()]
-    sets += [setting(k, v) for k, v in point.items()]
+    sets += [setting(k, v) for k, v in point.items() if k != "preset"]  # preset: an axis too
     sets += [setting("steps", p.get("steps", 60)), setting("warmup", p.get("warmup", 10)),
              setting("progress", False), setting("metrics_path", metrics)]  # fmt: skip
     if "eval_every" not in s.set:
@@ -92,7 +95,8 @@ def run_point(s: Scenario, point: dict[str, Any], raw: Path) -> dict[str, Any]:
     slug = "-".join(f"{k}{v}" for k, v in point.items())
     metrics = raw / f"{slug}.jsonl"
     trace = raw / f"{slug}-trace.json.gz" if s.params.get("trace_steps") else None
-    cfg = build_config(s.params.get("preset", "demo"), overrides(s, point, metrics, trace))
+    preset = point.get("preset", s.params.get("preset", "demo"))
+    cfg = build_config(preset, overrides(s, point, metrics, trace))
     cuda = cfg.run.device == "cuda" or (cfg.run.device == "auto" and torch.cuda.is_available())
     local = point["nproc"] == 1 and s.params.get("in_process", True)
     gc.collect()
@@ -113,6 +117,10 @@ def run_point(s: Scenario, point: dict[str, Any], raw: Path) -> dict[str, Any]:
     for c in CATEGORIES:
         row[f"exposed_{c}_ms"] = summary["exposed_comm_ms"][c]
     row["peak_mem_gb"] = torch.cuda.max_memory_allocated() / 1e9 if cuda and local else None
+    final = summary.get("eval", {})  # file data: test metrics, popularity, keep_best's pick
+    for split, k in itertools.product(("test", "popularity_test"), ("hr@10", "ndcg@10")):
+        row[f"{split}_{k}"] = final.get(split, {}).get(k)
+    row["best_epoch"], row["wall_s"] = final.get("best", {}).get("epoch"), summary.get("wall_s")
     if trace is not None:
         row.update(trace_numbers(trace, s.params["trace_steps"]))
         if row.get("gpu_idle_pct") is not None:  # untraced steps' mean, as overhead.py did

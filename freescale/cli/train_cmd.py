@@ -54,13 +54,11 @@ def run_train(args: argparse.Namespace) -> int:
     from freescale.pipeline.checks import check_launch
     from freescale.pipeline.launch import launch, under_torchrun
     from freescale.pipeline.liveness import EXIT_STOPPED, was_stopped
-    from freescale.pipeline.setup import check_data
+    from freescale.pipeline.setup import open_data
 
     if not under_torchrun():
         check_launch(cfg)  # files, devices, the resume checkpoint
-        check_data(
-            cfg.data, cfg.run, cfg.run.nproc
-        )  # bad data/config: one line here, not N worker tracebacks
+        open_data(cfg, cfg.run.nproc)  # bad data/config (run.epochs too): one line here
     summary = launch(cfg, checked=not under_torchrun())
     if summary is not None:
         print(json.dumps({"command": "train", "preset": args.preset, **summary}), flush=True)

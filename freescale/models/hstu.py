@@ -46,6 +46,7 @@ from freescale.jagged.ops import segment_ids
 from freescale.jagged.schema import DataSchema
 from freescale.models import hstu_attention as hattn
 from freescale.models.contract import RecModel
+from freescale.models.dropout import RowDropout, SampleDropout, check_rate
 from freescale.models.pooling import mean_content
 from freescale.models.small_embedding import SmallEmbedding
 
@@ -61,8 +62,16 @@ class HSTUConfig:
     layers: int = 2
     dense_dim: int = 0
     attention: str = "auto"  # auto | reference | padded | fused
+    # dropout (`freescale.models.dropout`, training steps only): on the history's
+    # embeddings, on each layer's gated attention output (LayerNorm(A·V) ⊙ U,
+    # where HSTU's reference drops) and on its f2 output before the residual
+    emb_dropout: float = 0.0
+    attn_dropout: float = 0.0
+    ffn_dropout: float = 0.0
 
     def __post_init__(self) -> None:
+        for name in ("emb_dropout", "attn_dropout", "ffn_dropout"):
+            check_rate(name, getattr(self, name))
         for name in ("num_items", "num_actions", "dim", "heads", "layers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"hstu {name} must be >= 1, got {getattr(self, name)}")
@@ -76,9 +85,9 @@ class HSTUConfig:
 class HSTULayer(nn.Module):
     """One HSTU layer over the history and candidate tokens (see the module docstring)."""
 
-    def __init__(self, cfg: HSTUConfig) -> None:
+    def __init__(self, cfg: HSTUConfig, layer: int = 0) -> None:
         super().__init__()
-        d, self.heads, self.head_dim = cfg.dim, cfg.heads, cfg.dim // cfg.heads
+        d, self.heads, self.head_dim, self.layer = cfg.dim, cfg.heads, cfg.dim // cfg.heads, layer
         self.norm_in, self.norm_attn = nn.LayerNorm(d), nn.LayerNorm(d)
         self.f1, self.f2 = nn.Linear(d, 4 * d), nn.Linear(d, d)
         self.bias = hattn.RelativeBias()
@@ -93,15 +102,22 @@ class HSTULayer(nn.Module):
         cand: Tensor,
         layout: hattn.ReferenceLayout | hattn.PaddedLayout | hattn.FusedLayout,
         uih_out: bool = True,
+        drop: RowDropout | None = None,
     ) -> tuple[Tensor, Tensor]:
-        """``uih_out=False`` (the last layer): ``uih`` comes back unchanged."""
+        """``uih_out=False`` (the last layer): ``uih`` comes back unchanged.
+        ``drop``: this step's dropout (None: none)."""
         u_u, v_u, q_u, k_u = self._uvqk(uih)
         u_c, v_c, q_c, k_c = self._uvqk(cand)
         att_u, att_c = layout.attend(self.bias, (q_u, k_u, v_u), (q_c, k_c, v_c), uih_out)
-        cand = cand + self.f2(self.norm_attn(att_c.flatten(1)) * u_c)
+        cand = cand + self._out(self.norm_attn(att_c.flatten(1)) * u_c, "cand", drop)
         if att_u is not None:
-            uih = uih + self.f2(self.norm_attn(att_u.flatten(1)) * u_u)
+            uih = uih + self._out(self.norm_attn(att_u.flatten(1)) * u_u, "uih", drop)
         return uih, cand
+
+    def _out(self, gated: Tensor, rows: str, drop: RowDropout | None) -> Tensor:
+        if drop is None:
+            return self.f2(gated)
+        return drop(self.f2(drop(gated, rows, "attn", self.layer)), rows, "ffn", self.layer)
 
 
 class HSTUModel(RecModel):
@@ -116,10 +132,11 @@ class HSTUModel(RecModel):
         self.item_emb = nn.Embedding(cfg.num_items, cfg.dim)
         self.action_emb = SmallEmbedding(cfg.num_actions, cfg.dim)
         self.dense_proj = nn.Linear(cfg.dense_dim, cfg.dim) if cfg.dense_dim else None
-        self.layers = nn.ModuleList(HSTULayer(cfg) for _ in range(cfg.layers))
+        self.layers = nn.ModuleList(HSTULayer(cfg, i) for i in range(cfg.layers))
         self.head = nn.Sequential(nn.LayerNorm(cfg.dim), nn.Linear(cfg.dim, 1))
         nn.init.normal_(self.item_emb.weight, std=0.05)
         nn.init.normal_(self.action_emb.weight, std=0.05)
+        self.sample_dropout = SampleDropout(cfg.emb_dropout, cfg.attn_dropout, cfg.ffn_dropout)
 
     def embedding_inputs(self, batch: SampleBatch) -> dict[str, Tensor]:
         """One lookup per step: history, candidate and content ids, concatenated."""
@@ -135,9 +152,12 @@ class HSTUModel(RecModel):
         if self.dense_proj is not None and batch.dense is not None:
             cand = cand + self.dense_proj(batch.dense)[segment_ids(batch.candidates.offsets, n_c)]
         layout = self.layout(batch)
+        drop = self.sample_dropout.for_batch(batch, self.training)
+        if drop is not None:
+            uih = drop(uih, "uih", "emb")
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
-            uih, cand = layer(uih, cand, layout, uih_out=i < last)
+            uih, cand = layer(uih, cand, layout, uih_out=i < last, drop=drop)
         return self.head(cand).squeeze(-1)
 
     def layout(
@@ -185,7 +205,14 @@ class HSTUModel(RecModel):
 
 
 def build(
-    schema: DataSchema, dim: int = 64, heads: int = 2, layers: int = 2, attention: str = "auto"
+    schema: DataSchema,
+    dim: int = 64,
+    heads: int = 2,
+    layers: int = 2,
+    attention: str = "auto",
+    emb_dropout: float = 0.0,
+    attn_dropout: float = 0.0,
+    ffn_dropout: float = 0.0,
 ) -> HSTUModel:
     """The model factory (`freescale.models.contract`): tables sized by the data.
 
@@ -199,5 +226,8 @@ def build(
             layers=layers,
             dense_dim=schema.dense_dim,
             attention=attention,
+            emb_dropout=emb_dropout,
+            attn_dropout=attn_dropout,
+            ffn_dropout=ffn_dropout,
         )
     )

@@ -36,6 +36,7 @@ from freescale.models.attention import (
     self_attention_impl,
 )
 from freescale.models.contract import RecModel
+from freescale.models.dropout import RowDropout, SampleDropout, check_rate
 from freescale.models.pooling import mean_content
 from freescale.models.small_embedding import SmallEmbedding
 
@@ -57,8 +58,15 @@ class ModelConfig:
     # (`attention.cross_attention_impl`): auto is triton on CUDA unless
     # attention is reference or varlen, which it then follows
     cross_attention: str = "auto"
+    # dropout (`freescale.models.dropout`, training steps only): on the history's
+    # embeddings, on each block's attention output and MLP output
+    emb_dropout: float = 0.0
+    attn_dropout: float = 0.0
+    ffn_dropout: float = 0.0
 
     def __post_init__(self) -> None:
+        for name in ("emb_dropout", "attn_dropout", "ffn_dropout"):
+            check_rate(name, getattr(self, name))
         for name in ("num_items", "num_actions", "dim", "heads", "layers", "mlp_ratio"):
             if getattr(self, name) < 1:
                 raise ValueError(f"model {name} must be >= 1, got {getattr(self, name)}")
@@ -91,9 +99,9 @@ class ModelConfig:
 class Block(nn.Module):
     """Pre-norm block shared by UIH and candidate tokens (same weights)."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int = 0) -> None:
         super().__init__()
-        d, self.heads, self.impl = cfg.dim, cfg.heads, cfg.attention
+        d, self.heads, self.impl, self.layer = cfg.dim, cfg.heads, cfg.attention, layer
         self.head_dim = d // cfg.heads
         self.norm1, self.norm2 = nn.LayerNorm(d), nn.LayerNorm(d)
         # `Linear`: no memset per bias gradient where that matters (`kernels.linear`).
@@ -127,18 +135,34 @@ class Block(nn.Module):
         return q, k, v
 
     def cand_update(
-        self, cand: Tensor, qc: Tensor, ku: Tensor, vu: Tensor, layout: AttentionLayout
+        self,
+        cand: Tensor,
+        qc: Tensor,
+        ku: Tensor,
+        vu: Tensor,
+        layout: AttentionLayout,
+        drop: RowDropout | None = None,
     ) -> Tensor:
         """The candidates after this block (cross-attention to the UIH, MLP)."""
-        cand = cand + self.proj(self.attend(qc, ku, vu, layout).flatten(1))
-        return cand + self.mlp(self.norm2(cand))
+        return self._residuals(cand, self.attend(qc, ku, vu, layout), "cand", drop)
 
     def uih_update(
-        self, uih: Tensor, qu: Tensor, ku: Tensor, vu: Tensor, layout: AttentionLayout
+        self,
+        uih: Tensor,
+        qu: Tensor,
+        ku: Tensor,
+        vu: Tensor,
+        layout: AttentionLayout,
+        drop: RowDropout | None = None,
     ) -> Tensor:
         """The UIH after this block (causal self-attention, MLP)."""
-        uih = uih + self.proj(self.attend(qu, ku, vu, layout).flatten(1))
-        return uih + self.mlp(self.norm2(uih))
+        return self._residuals(uih, self.attend(qu, ku, vu, layout), "uih", drop)
+
+    def _residuals(self, x: Tensor, att: Tensor, rows: str, drop: RowDropout | None) -> Tensor:
+        att = self.proj(att.flatten(1))
+        x = x + (att if drop is None else drop(att, rows, "attn", self.layer))
+        mlp = self.mlp(self.norm2(x))
+        return x + (mlp if drop is None else drop(mlp, rows, "ffn", self.layer))
 
     def forward(
         self,
@@ -146,18 +170,19 @@ class Block(nn.Module):
         cand: Tensor,
         layout: tuple[AttentionLayout, AttentionLayout],
         uih_out: bool = True,
+        drop: RowDropout | None = None,
     ) -> tuple[Tensor, Tensor]:
         """``layout``: (UIH self-attention, candidate cross-attention), from
         `BlockStack.layouts`.
 
         ``uih_out=False`` (the last block): the UIH update has no reader, so it
         is skipped and ``uih`` comes back unchanged; the candidates' numbers
-        are the same."""
+        are the same. ``drop``: this step's dropout (None: none)."""
         qc = self.cand_query(cand)
         qu, ku, vu = self.uih_qkv(uih)
-        cand = self.cand_update(cand, qc, ku, vu, layout[1])
+        cand = self.cand_update(cand, qc, ku, vu, layout[1], drop)
         if uih_out:
-            uih = self.uih_update(uih, qu, ku, vu, layout[0])
+            uih = self.uih_update(uih, qu, ku, vu, layout[0], drop)
         return uih, cand
 
 
@@ -191,11 +216,12 @@ class BlockStack(nn.ModuleList):
         batch: SampleBatch,
         max_uih: int | None = None,
         max_candidates: int | None = None,
+        drop: RowDropout | None = None,
     ) -> Tensor:
         layout = self.layouts(batch, uih.is_cuda, max_uih, max_candidates)
         last = len(self) - 1
         for i, block in enumerate(self):
-            uih, cand = block(uih, cand, layout, uih_out=i < last)
+            uih, cand = block(uih, cand, layout, uih_out=i < last, drop=drop)
         return cand
 
     def layouts(
@@ -265,11 +291,12 @@ class SequenceModel(RecModel):
         # A handful of rows: its CUDA backward is two kernels, not torch's ~30.
         self.action_emb = SmallEmbedding(cfg.num_actions, cfg.dim)
         self.dense_proj = nn.Linear(cfg.dense_dim, cfg.dim) if cfg.dense_dim else None
-        blocks = [Block(cfg) for _ in range(cfg.layers)]
+        blocks = [Block(cfg, i) for i in range(cfg.layers)]
         self.blocks = BlockStack(blocks, cfg.attention, cfg.cross_attention)
         self.head = nn.Sequential(nn.LayerNorm(cfg.dim), nn.Linear(cfg.dim, 1))
         nn.init.normal_(self.item_emb.weight, std=0.05)
         nn.init.normal_(self.action_emb.weight, std=0.05)
+        self.sample_dropout = SampleDropout(cfg.emb_dropout, cfg.attn_dropout, cfg.ffn_dropout)
 
     def forward(self, batch: SampleBatch) -> Tensor:
         """``batch.max_lengths`` (host ints), when known, spare the GPU path a read-back."""
@@ -284,7 +311,12 @@ class SequenceModel(RecModel):
         if self.dense_proj is not None and batch.dense is not None:
             per_cand = segment_ids(batch.candidates.offsets, n_c)
             cand = cand + self.dense_proj(batch.dense)[per_cand]
-        cand = self.blocks(uih, cand, batch, max_uih, max_candidates)
+        drop = self.sample_dropout.for_batch(batch, self.training)
+        if drop is None:  # a replaced block stack (dense.graphs) takes no dropout
+            cand = self.blocks(uih, cand, batch, max_uih, max_candidates)
+        else:
+            uih = drop(uih, "uih", "emb")
+            cand = self.blocks(uih, cand, batch, max_uih, max_candidates, drop)
         return self.head(cand).squeeze(-1)
 
     def attention_layouts(
@@ -352,11 +384,15 @@ def build(
     layers: int = 2,
     attention: str = "auto",
     cross_attention: str = "auto",
+    emb_dropout: float = 0.0,
+    attn_dropout: float = 0.0,
+    ffn_dropout: float = 0.0,
 ) -> SequenceModel:
     """The model factory (`freescale.models.contract`): tables sized by the data."""
     options = dict(
-        dim=dim, heads=heads, layers=layers, attention=attention, cross_attention=cross_attention
-    )
+        dim=dim, heads=heads, layers=layers, attention=attention, cross_attention=cross_attention,
+        emb_dropout=emb_dropout, attn_dropout=attn_dropout, ffn_dropout=ffn_dropout,
+    )  # fmt: skip
     return SequenceModel(_config(schema.num_items, schema.num_actions, schema.dense_dim, **options))
 
 

@@ -35,6 +35,9 @@ BALANCE = ("none", "fbs", "vbs", "cost")
 DEVICES = ("auto", "cpu", "cuda")
 EMB_OPTIMIZERS = ("sgd", "adagrad", "adam")
 BUILTIN_MODEL = "freescale.models.sequence:build"
+LR_DECAYS = ("none", "linear", "cosine")
+BEST_METRICS = ("hr@10", "ndcg@10", "auc")
+DROPOUT_KEYS = ("emb_dropout", "attn_dropout", "ffn_dropout")  # the built-in models' options
 
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
@@ -47,6 +50,13 @@ def _at_least(section: object, prefix: str, names: tuple[str, ...], low: int) ->
         value = getattr(section, name)
         if value < low:
             raise ValueError(f"{prefix}.{name} must be >= {low}, got {value}")
+
+
+def _schedule_keys(prefix: str, section: Any) -> None:
+    """The optimizer keys shared by ``dense`` and ``embeddings``."""
+    _finite(prefix, "weight_decay", section.weight_decay, 0)
+    _at_least(section, prefix, ("lr_warmup",), 0)
+    _choice(f"{prefix}.lr_decay", section.lr_decay, LR_DECAYS)
 
 
 def _finite(prefix: str, name: str, value: float, low: float, strict: bool = False) -> None:
@@ -70,12 +80,15 @@ class RunSection:
     timeout_s: float = 300.0  # collective timeout: a stuck rank fails the run after this
     # dense bf16 peak TFLOP/s of one device, for MFU (0: from the device's name; none on CPU)
     peak_tflops: float = 0.0
+    # file data: this many passes over the training samples, in place of
+    # run.steps (0: run.steps counts); whole global batches (`resolve_epochs`)
+    epochs: int = 0
 
     def __post_init__(self) -> None:
         _choice("run.mode", self.mode, MODES)
         _choice("run.device", self.device, DEVICES)
         _at_least(self, "run", ("nproc", "steps", "batch_size"), 1)
-        _at_least(self, "run", ("warmup",), 0)
+        _at_least(self, "run", ("warmup", "epochs"), 0)
         if self.warmup >= self.steps:
             raise ValueError(f"run.warmup ({self.warmup}) must be < run.steps ({self.steps})")
         _finite("run", "timeout_s", self.timeout_s, 1)
@@ -176,11 +189,17 @@ class EmbeddingsSection:
     optimizer: str = "adagrad"
     lr: float = 0.05
     assignment: str = "hashed"
+    # decoupled: an updated row also loses lr x weight_decay x its old value; only
+    # the rows a step reads are updated (docs/train-on-your-data.md)
+    weight_decay: float = 0.0
+    lr_warmup: int = 0  # updates of linear warm-up (`freescale.pipeline.lr_schedule`)
+    lr_decay: str = "none"  # none | linear | cosine, to 0 at the run's last step
 
     def __post_init__(self) -> None:
         _choice("embeddings.optimizer", self.optimizer, EMB_OPTIMIZERS)
         _choice("embeddings.assignment", self.assignment, ("hashed", "block"))
         _finite("embeddings", "lr", self.lr, 0, strict=True)
+        _schedule_keys("embeddings", self)
 
 
 @dataclass(frozen=True)
@@ -205,12 +224,17 @@ class DenseSection:
     # backward; numbers within rounding of eager. Not with graphs that run (the
     # summary's `dense_compile` says which ran); on the CPU too when asked
     compile: bool = False
+    # AdamW's decoupled decay of the weight matrices (biases and norms: none)
+    weight_decay: float = 0.0
+    lr_warmup: int = 0  # steps of linear warm-up (`freescale.pipeline.lr_schedule`)
+    lr_decay: str = "none"  # none | linear | cosine, to 0 at the run's last step
 
     def __post_init__(self) -> None:
         if not isinstance(self.compile, bool):
             raise ValueError(f"dense.compile must be true or false, got {self.compile!r}")
         _choice("dense.amp", self.amp, ("none", "bf16"))
         _finite("dense", "lr", self.lr, 0, strict=True)
+        _schedule_keys("dense", self)
         if self.graph_max_tokens < 0:
             raise ValueError(f"dense.graph_max_tokens must be >= 0, got {self.graph_max_tokens}")
         if self.graph_streams not in (1, 2):
@@ -261,10 +285,21 @@ class PipelineSection:
 class EvaluationSection:
     every: int = 30  # steps between held-out evaluations (0: none during training)
     batches: int = 4  # batches per evaluation
+    # file data: every evaluation covers the whole validation split, and the
+    # final one uses the weights of the best of them by this metric (hr@10 |
+    # ndcg@10 | auc), reported with its step and epoch (`freescale.pipeline.best`)
+    keep_best: str = ""
+    patience: int = 0  # with keep_best: stop after this many evaluations without a new best
 
     def __post_init__(self) -> None:
-        _at_least(self, "evaluation", ("every",), 0)
+        _at_least(self, "evaluation", ("every", "patience"), 0)
         _at_least(self, "evaluation", ("batches",), 1)
+        if self.keep_best:
+            _choice("evaluation.keep_best", self.keep_best, BEST_METRICS)
+            if not self.every:
+                raise ValueError("evaluation.keep_best needs evaluation.every > 0")
+        elif self.patience:
+            raise ValueError("evaluation.patience needs evaluation.keep_best")
 
 
 @dataclass(frozen=True)
@@ -374,6 +409,25 @@ class TrainConfig:
             raise ValueError(
                 f"balance.max_local_batch must be 0 or >= run.batch_size ({self.run.batch_size})"
             )
+        if self.evaluation.keep_best and self.checkpoint.resume and not self.eval_only:
+            raise ValueError(
+                "evaluation.keep_best cannot resume yet (checkpoints do not hold the best "
+                "weights): drop checkpoint.resume or keep_best"
+            )
+        dropout = [k for k in DROPOUT_KEYS if self.model.options.get(k)]
+        if dropout and (self.dense.graphs or self.dense.compile):
+            raise ValueError(
+                f"model.{dropout[0]} needs eager dense blocks (dense.graphs and dense.compile off)"
+            )
+        if not self.run.epochs:  # else once the data gives the steps (`setup.resolve_epochs`)
+            self.check_warmups(self.run.steps)
+
+    def check_warmups(self, steps: int) -> None:
+        """The lr warm-ups end before the run's ``steps`` do."""
+        for name in ("dense", "embeddings"):
+            warmup = getattr(self, name).lr_warmup
+            if warmup >= steps:
+                raise ValueError(f"{name}.lr_warmup ({warmup}) must be < the run's steps ({steps})")
 
     def __getattr__(self, name: str) -> Any:
         """An old flat key read as an attribute (``cfg.batch_size``): its
@@ -427,7 +481,8 @@ def trace_window(text: str) -> tuple[int, int]:
 
 # ---- the old flat keys (one release) ---------------------------------------------------
 _SAME_NAME = {
-    "run": [f.name for f in fields(RunSection) if f.name != "peak_tflops"],  # newer than them
+    # newer than the flat keys: peak_tflops, epochs
+    "run": [f.name for f in fields(RunSection) if f.name not in ("peak_tflops", "epochs")],
     "data": [f.name for f in fields(DataSection) if f.name not in ("source", "options")],
     "embeddings": [],
     "pipeline": [f.name for f in fields(PipelineSection)],
@@ -523,10 +578,23 @@ def h200_21k() -> TrainConfig:
     return _h200(21_000)
 
 
+def _recipe(name: str) -> Callable[[], TrainConfig]:
+    """A recipe of `freescale.pipeline.recipes` (imported when built: it imports this)."""
+
+    def make() -> TrainConfig:
+        from freescale.pipeline.recipes import RECIPES
+
+        return RECIPES[name]()
+
+    return make
+
+
 PRESETS: dict[str, Callable[[], TrainConfig]] = {
     "demo": demo,
     "h200-8k": h200_8k,
     "h200-21k": h200_21k,
+    "sasrec-sequence": _recipe("sasrec-sequence"),  # docs/train-on-your-data.md
+    "sasrec-hstu": _recipe("sasrec-hstu"),
 }
 
 

@@ -16,10 +16,12 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
+from freescale.models.dropout import training_step
 from freescale.models.sequence import check_attention_device
 from freescale.pipeline.compile import compile_regions, compile_state, compiled_frames
-from freescale.pipeline.config import DenseSection, FaultsSection
+from freescale.pipeline.config import DenseSection, FaultsSection, RunSection
 from freescale.pipeline.graphs import BlockGraphs, install_graphs
+from freescale.pipeline.lr_schedule import lr_schedule
 from freescale.pipeline.nonfinite import NonFiniteCount, skip_flags
 from freescale.pipeline.timing import SectionTimer
 
@@ -29,8 +31,20 @@ class GuardedAdam(torch.optim.Adam):
     (``found_inf``, as gradient scalers pass it): a skipped step leaves weights,
     moments and its step count alone without the host reading the flag."""
 
-    def __init__(self, params: list[nn.Parameter], lr: float) -> None:
-        super().__init__(params, lr=lr, fused=True)
+    def __init__(self, params: list[nn.Parameter], lr: float, weight_decay: float = 0.0) -> None:
+        if not weight_decay:
+            super().__init__(params, lr=lr, fused=True)
+            return
+        # AdamW on the weight matrices; biases and norm scales keep their values' scale
+        matrices = [p for p in params if p.dim() >= 2]
+        others = [p for p in params if p.dim() < 2]
+        groups = [{"params": matrices, "weight_decay": weight_decay}, {"params": others}]
+        groups = [g for g in groups if g["params"]]
+        super().__init__(groups, lr=lr, fused=True, decoupled_weight_decay=True)
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.param_groups:
+            group["lr"] = lr
 
     def step_unless(self, found_inf: Tensor) -> None:  # type: ignore[override]
         self.found_inf = found_inf  # read by the fused kernel (`torch.optim.Adam.step`)
@@ -104,8 +118,12 @@ class DenseTraining:
         device: torch.device,
         timer: SectionTimer,
         step_tokens: int = 0,
+        run: RunSection | None = None,
     ) -> None:
-        """``step_tokens``: the most UIH tokens of a local batch (batch_size x max_uih)."""
+        """``step_tokens``: the most UIH tokens of a local batch (batch_size x max_uih);
+        ``run``: its steps end an lr schedule, its seed keys dropout's masks."""
+        run = run or RunSection()
+        self.seed = run.seed
         self.model, self.guard, self.device, self.timer = model, guard, device, timer
         check_attention_device(model, device)  # model.attention=cudnn: this GPU, at start
         world = dist.get_world_size()
@@ -127,7 +145,8 @@ class DenseTraining:
         self.sync = DenseSync(model, timer.seq_mark)
         # Listed once: `Module.parameters()` walks the module tree on every call.
         self.params = list(model.parameters())
-        self.optimizer = GuardedAdam(self.params, section.lr)
+        self.optimizer = GuardedAdam(self.params, section.lr, section.weight_decay)
+        self.lr_schedule = lr_schedule(section.lr, section.lr_warmup, section.lr_decay, run.steps)
         self.nonfinite = NonFiniteCount(faults.nonfinite, faults.nonfinite_max_skips)
         self.autocast = torch.autocast(
             device.type, dtype=torch.bfloat16, enabled=section.amp == "bf16"
@@ -143,9 +162,10 @@ class DenseTraining:
             return {**out, "dense_graphs": "on", "dense_graphs_captured": self.graphs.captures}
         return {**out, "dense_graphs": self.graphs_skipped} if self.graphs_skipped else out
 
-    def forward(self, batch: Any) -> Tensor:
+    def forward(self, batch: Any, step: int = 0) -> Tensor:
+        """The logits of training step ``step`` (dropout's masks are that step's)."""
         self._frames_before = compiled_frames()
-        with self.autocast:
+        with self.autocast, training_step(self.model, self.seed, step):
             return self.sync.ddp(batch)
 
     def backward(self, loss: Tensor, empty: bool) -> None:
@@ -163,9 +183,12 @@ class DenseTraining:
             start = max(self.sync.last_ready, last, key=lambda m: m[0])[1]
             self.timer.add_interval("dense_allreduce", start, self.timer.mark())
 
-    def step(self) -> Tensor:
-        """The optimizer step, skipped on a non-finite; the flags of `skip_flags`."""
+    def step(self, step: int = 0) -> Tensor:
+        """The optimizer step of run step ``step``, skipped on a non-finite; the
+        flags of `skip_flags`."""
         flags = skip_flags(self.guard, self.params, self.device)
+        if self.lr_schedule is not None:
+            self.optimizer.set_lr(self.lr_schedule(step + 1))
         self.optimizer.step_unless(flags[0].float())
         self.optimizer.zero_grad(set_to_none=True)
         self.step_frames = compiled_frames() - self._frames_before

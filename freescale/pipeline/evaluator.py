@@ -4,6 +4,8 @@ Synthetic data: NE on held-out samples (every rank its slice, sums
 all-reduced). File data: ranking metrics (`freescale.pipeline.evaluation`)
 of the first ``batches`` validation batches, and at the end every user of
 the validation and test splits with the popularity baseline.
+``keep_best``: the final evaluation is that of the best weights
+(`freescale.pipeline.best`), reported as ``best``.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ import torch.distributed as dist
 from torch import nn
 
 from freescale.models.loss import bce_sum, normalized_entropy
+from freescale.pipeline.best import BestWeights
 from freescale.pipeline.config import EvaluationSection
 from freescale.pipeline.evaluation import evaluate_split, popularity_baseline
+from freescale.pipeline.run_state import DenseState
 
 EVAL_STEP_OFFSET = 10_000_000  # held-out synthetic samples: far from any training step
 
@@ -42,6 +46,16 @@ class Evaluator:
         self.section, self.model, self.source = section, model, source
         self.embeddings, self.schedule = embeddings, schedule
         self.rank, self.world, self.batch_size, self.device = rank, world, batch_size, device
+        self.best: BestWeights | None = None
+        if section.keep_best:
+            if not self.ranked:
+                raise ValueError("evaluation.keep_best needs file data (data=sasrec:PATH, ...)")
+            self.best = BestWeights(section, DenseState(model, embeddings), embeddings)
+
+    @property
+    def stop(self) -> bool:
+        """``evaluation.patience`` evaluations without a new best (early stopping)."""
+        return self.best is not None and self.best.stop
 
     @property
     def skipped(self) -> str:
@@ -61,10 +75,16 @@ class Evaluator:
         return hasattr(self.source, "eval_batch")
 
     @torch.no_grad()
-    def heldout(self) -> dict[str, float]:
-        """NE on held-out samples; file data: ranking metrics of the first batches."""
+    def heldout(self, step: int | None = None) -> dict[str, float]:
+        """NE on held-out samples; file data: ranking metrics of the first
+        batches (keep_best: of the whole split, after training step ``step``)."""
         self.schedule.flush()
         with self.embeddings.prefetch_disabled():
+            if self.best is not None:
+                metrics = self._split("valid")
+                if step is not None:
+                    self.best.observe(step, metrics)
+                return metrics
             if self.ranked:
                 return self._split("valid", self.section.batches)
             totals = torch.zeros(3, dtype=torch.float64, device=self.device)
@@ -95,8 +115,12 @@ class Evaluator:
         if not self.ranked:
             return {}
         self.schedule.flush()
+        if self.best is not None:
+            self.best.restore()
         with self.embeddings.prefetch_disabled():
             out: dict[str, Any] = {split: self._split(split) for split in ("valid", "test")}
+        if self.best is not None:
+            out["best"] = self.best.report(self.source.steps_per_epoch(self.world, self.batch_size))
         if self.rank == 0:
             out["popularity_test"] = popularity_baseline(self.source, "test")
             out["data"] = self.source.split_counts()

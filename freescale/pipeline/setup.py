@@ -66,6 +66,8 @@ def check_data(
     source = make_source(data, run.seed) if source is None else source
     schema_of(source)  # a malformed schema fails here
     name, batch_size = data.source, run.batch_size
+    if run.epochs:
+        epoch_steps(run, source, world_size)  # run.epochs without file data: one line here
     check_world = getattr(source, "check_world", None)  # streamed data: a share per rank
     if check_world is not None:
         check_world(world_size, batch_size)
@@ -91,6 +93,35 @@ def check_data(
             f"{world_size}x{batch_size}; steps={run.steps} needs {run.steps}"
         )
     return source
+
+
+def epoch_steps(run: RunSection, source: Any, world_size: int) -> int:
+    """The steps of ``run.epochs`` passes over ``source``'s training samples
+    (whole global batches); a one-line ValueError where there are none."""
+    per_epoch = getattr(source, "steps_per_epoch", None)
+    if per_epoch is None:
+        raise ValueError("run.epochs needs file data (data=sasrec:PATH, ...): set run.steps")
+    return run.epochs * per_epoch(world_size, run.batch_size)
+
+
+def open_data(
+    cfg: TrainConfig, world_size: int, source: DataSource | None = None
+) -> tuple[TrainConfig, DataSource]:
+    """The run's data (`check_data`) and ``cfg`` with ``run.epochs`` as its steps."""
+    source = check_data(cfg.data, cfg.run, world_size, source)
+    return resolve_epochs(cfg, source, world_size), source
+
+
+def resolve_epochs(cfg: TrainConfig, source: Any, world_size: int) -> TrainConfig:
+    """``cfg`` with ``run.steps`` set from ``run.epochs`` (unchanged without it)."""
+    if not cfg.run.epochs:
+        return cfg
+    steps = epoch_steps(cfg.run, source, world_size)
+    try:
+        cfg.check_warmups(steps)
+        return cfg.with_values(run__steps=steps)
+    except ValueError as e:
+        raise ValueError(f"run.epochs={cfg.run.epochs} is {steps} steps: {e}") from None
 
 
 def build_model(section: ModelSection, schema: DataSchema, model: Any = None) -> nn.Module:

@@ -18,25 +18,35 @@ from freescale.embedding import SGD, Adam, RowwiseAdagrad, ShardingPlan, TableEn
 from freescale.embedding.modes import MODES
 from freescale.embedding.optim import OptimizerConfig
 from freescale.jagged.batch import SampleBatch
-from freescale.pipeline.config import EmbeddingsSection, PipelineSection
+from freescale.pipeline.config import EmbeddingsSection, PipelineSection, RunSection
+from freescale.pipeline.lr_schedule import lr_schedule
 from freescale.pipeline.schedule import Schedule
 from freescale.pipeline.setup import glob_escape
 from freescale.pipeline.timing import SectionTimer
 
 
-def embedding_optimizer(section: EmbeddingsSection) -> OptimizerConfig:
+def embedding_optimizer(section: EmbeddingsSection, steps: int = 0) -> OptimizerConfig:
+    """The tables' optimizer; ``steps``: the run's, where its lr schedule ends.
+
+    Weight decay is decoupled (SGD's one form is the same thing) and, like the
+    update itself, reaches only the rows a step reads (`freescale.embedding.optim`)."""
+    lr, decay = section.lr, section.weight_decay
+    schedule = lr_schedule(lr, section.lr_warmup, section.lr_decay, steps)
     if section.optimizer == "sgd":
-        return SGD(lr=section.lr)
+        return SGD(lr=lr, lr_schedule=schedule, weight_decay=decay)
     if section.optimizer == "adagrad":
-        return RowwiseAdagrad(lr=section.lr)
-    return Adam(lr=section.lr)
+        mode = "decoupled" if decay else "l2"  # (the default's, when there is no decay)
+        return RowwiseAdagrad(
+            lr=lr, lr_schedule=schedule, weight_decay=decay, weight_decay_mode=mode
+        )
+    return Adam(lr=lr, lr_schedule=schedule, weight_decay=decay)
 
 
-def sharding_plan(section: EmbeddingsSection, model: nn.Module) -> ShardingPlan:
+def sharding_plan(section: EmbeddingsSection, model: nn.Module, steps: int = 0) -> ShardingPlan:
     """Row-wise shard exactly the modules the model names (`sharded_modules`)."""
     modules = tuple(model.sharded_modules)  # type: ignore[attr-defined]
     return ShardingPlan(
-        optimizer=embedding_optimizer(section),
+        optimizer=embedding_optimizer(section, steps),
         assignment=section.assignment,
         modules=tuple(glob_escape(p) for p in modules),
     )
@@ -58,11 +68,13 @@ class SparseSide:
         model: nn.Module,
         section: EmbeddingsSection,
         pipeline: PipelineSection,
-        mode: str,
+        run: RunSection,
         world: int,
         device: torch.device,
         timer: SectionTimer,
     ) -> None:
+        """``run``: its mode, and its steps (where an lr schedule ends)."""
+        mode, self.steps = run.mode, run.steps
         self.comm = make_communicator(pipeline.comm_backend, device)
         self.overlap_comm = self.comm
         if pipeline.comm_overlapped and pipeline.comm_overlapped != pipeline.comm_backend:
@@ -78,7 +90,7 @@ class SparseSide:
     ) -> Any:
         """The one place the collection is built, its mode and hooks included."""
         embeddings = swap(
-            model, sharding_plan(section, model), self.comm, device,
+            model, sharding_plan(section, model, self.steps), self.comm, device,
             mode=MODES[self.schedule_name](), timer=timer.section,
             overlap_comm=self.overlap_comm,
             inputs_checked=True,  # the loader checks every training batch (`inputs.find_problem`)

@@ -35,7 +35,7 @@ from freescale.pipeline.loader import BatchInfo, Prefetcher, default_workers
 from freescale.pipeline.profiling import make_profiler
 from freescale.pipeline.recorder import StepMetrics, StepRecord, read_later
 from freescale.pipeline.run_state import DenseState, RunState
-from freescale.pipeline.setup import build_model, check_data, pick_device, seed_everything
+from freescale.pipeline.setup import build_model, open_data, pick_device, seed_everything
 from freescale.pipeline.sparse import SparseSide
 from freescale.pipeline.sync_debug import report_host_syncs
 from freescale.pipeline.timing import SectionTimer
@@ -54,11 +54,11 @@ class Trainer:
         data: DataSource | None = None,
         profiler: Any = None,
     ) -> None:
-        self.cfg, run = cfg, cfg.run
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        self.device = device = pick_device(run)
-        seed_everything(run)
-        self.source = check_data(cfg.data, run, self.world, data)
+        self.device = device = pick_device(cfg.run)
+        seed_everything(cfg.run)
+        cfg, self.source = open_data(cfg, self.world, data)  # run.epochs: its steps in cfg
+        self.cfg, run = cfg, cfg.run
         group = gloo_group(run.timeout_s) if self.world > 1 else None  # never waits for a GPU
         check_all_rows(self.source, group, self.rank, self.world)  # every row, before step 0
         self.schema = schema_of(self.source)
@@ -68,13 +68,13 @@ class Trainer:
         # identities. Only the data wait is read from the sections there.
         self.timer = SectionTimer(device, frozenset({"data"}) if self.world == 1 else None)
         self.sparse = sparse = SparseSide(
-            self.model, cfg.embeddings, cfg.pipeline, run.mode, self.world, device, self.timer
+            self.model, cfg.embeddings, cfg.pipeline, run, self.world, device, self.timer
         )
         self.embeddings, self.schedule = sparse.embeddings, sparse.schedule
         self.comm, self.overlap_comm = sparse.comm, sparse.overlap_comm
         self.dense = DenseTraining(
             self.model, cfg.dense, cfg.faults, sparse.guard, device, self.timer,
-            run.batch_size * cfg.data.max_uih,  # the most UIH tokens of a batch
+            run.batch_size * cfg.data.max_uih, run,  # the most UIH tokens of a batch; the run
         )  # fmt: skip
         self.optimizer, self.default_loss = self.dense.optimizer, has_default_loss(self.model)
         self.balance = balance_stage(
@@ -113,7 +113,7 @@ class Trainer:
         global_count = self.schedule.global_count(info)
         batch = batch.with_max_lengths(info.max_uih, info.max_candidates)
         with self.embeddings.serving(features):
-            logits = self.dense.forward(batch)
+            logits = self.dense.forward(batch, step)
         self.faults.delay_compute()
         self.schedule.after_forward()
         if self.balance is not None:
@@ -127,7 +127,7 @@ class Trainer:
             total = torch.stack([bce_total(logits.detach(), batch.labels), own.detach()])
         empty = min(info.samples, info.uih_tokens, info.candidates) == 0
         self.dense.backward(self.faults.loss(step, loss), empty)
-        flags = self.dense.step()
+        flags = self.dense.step(step)
         if self.balance is not None:
             self.balance.collect()
         return total, flags
@@ -194,7 +194,7 @@ class Trainer:
             if collision is not None:
                 record.collision = read_later(collision)
             if self.evaluator.due(step, run.steps):
-                record.eval = {"step": step, **self.evaluator.heldout()}
+                record.eval = {"step": step, **self.evaluator.heldout(step)}
             if pending is not None:
                 self._finish(pending, start)
             pending = record
@@ -204,7 +204,7 @@ class Trainer:
                 self._finish(pending, start)  # metrics complete up to this step
                 pending = None
                 self.state.save(step + 1)
-            if metrics.stop_agreed:
+            if metrics.stop_agreed or self.evaluator.stop:  # (patience: the same on every rank)
                 break
         self.schedule.flush()
         if pending is not None:
