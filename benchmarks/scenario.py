@@ -31,7 +31,7 @@ from typing import Any
 
 SCENARIOS = Path(__file__).resolve().parent / "scenarios"
 MEASURES = ("train", "ab", "kernels", "interference", "comm", "embedding", "sim_project",
-            "sim_validate", "stream", "hstu", "attention")  # fmt: skip
+            "sim_validate", "stream", "hstu", "attention", "serving")  # fmt: skip
 DEVICES = ("cuda", "cpu", "any")
 
 

@@ -83,8 +83,10 @@ class CategoryModel(RecModel):
         history = items[:n_u] + cats[:n_u] + self.actions(batch.uih["actions"])
         user = _segment_mean(history, batch.uih.offsets)
         cand = items[n_u:] + cats[n_u:]
-        owner = torch.repeat_interleave(
-            torch.arange(batch.batch_size, device=cand.device), batch.num_candidates()
+        owner = torch.repeat_interleave(  # sized from shapes: one exportable program
+            torch.arange(batch.batch_size, device=cand.device),
+            batch.num_candidates(),
+            output_size=cand.shape[0],
         )
         u = user[owner]
         return self.mlp(torch.cat([u, cand, u * cand], dim=-1)).squeeze(-1)
@@ -98,7 +100,9 @@ class CategoryModel(RecModel):
 def _segment_mean(values: Tensor, offsets: Tensor) -> Tensor:
     """Mean of each segment's rows (zero for an empty segment)."""
     lengths = offsets.diff()
-    owner = torch.repeat_interleave(torch.arange(lengths.numel(), device=values.device), lengths)
+    owner = torch.repeat_interleave(
+        torch.arange(lengths.numel(), device=values.device), lengths, output_size=values.shape[0]
+    )
     sums = values.new_zeros(lengths.numel(), values.shape[1]).index_add(0, owner, values)
     return sums / lengths.clamp(min=1).unsqueeze(-1).to(values.dtype)
 

@@ -6,6 +6,8 @@ on first use:
 
 - `train` (`freescale.api`): train a model from Python, get back the
   summary, the per-step metrics and (on request) the trained weights;
+- `export` (`freescale.serving`): a checkpoint as a `torch.export` program
+  (and an AOTInductor package) that `freescale.serving.load` serves;
 - `RecModel` (`freescale.models.contract`): the model contract;
 - `DataSchema`, `Feature` (`freescale.jagged.schema`): the data's features;
 - `SampleBatch`, `JaggedTensor`: the batch a model's ``forward`` receives;
@@ -22,6 +24,7 @@ __version__ = "0.1.0"
 
 _PUBLIC = {
     "train": "freescale.api",
+    "export": "freescale.serving.exporter",
     "TrainResult": "freescale.api",
     "RecModel": "freescale.models.contract",
     "DataSchema": "freescale.jagged.schema",

@@ -19,6 +19,7 @@ LAYERS = {
     "models": 3,
     "pipeline": 3,
     "torchrec": 3,
+    "serving": 3,
     "cli": 4,
     "testing": 5,
 }

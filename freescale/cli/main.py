@@ -10,6 +10,7 @@ from freescale.cli import (
     calibrate_cmd,
     data_cmd,
     eval_cmd,
+    export_cmd,
     report_cmd,
     simulate_cmd,
     trace_cmd,
@@ -25,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     train_cmd.register(sub)
     eval_cmd.register(sub)
+    export_cmd.register(sub)
     data_cmd.register(sub)
     report_cmd.register(sub)
     trace_cmd.register(sub)

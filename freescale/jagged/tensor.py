@@ -72,7 +72,9 @@ class JaggedFeatures:
         if self.offsets.dim() != 1 or self.offsets.dtype != torch.int64:
             raise ValueError("JaggedFeatures offsets must be a 1-D int64 tensor")
         sizes = {name: t.shape[0] for name, t in self.features.items() if t.dim() >= 1}
-        if len(set(sizes.values())) > 1 or len(sizes) != len(self.features):
+        # Compared, not hashed: under `torch.export` the sizes are symbolic.
+        first = next(iter(sizes.values()), None)
+        if any(s != first for s in sizes.values()) or len(sizes) != len(self.features):
             raise ValueError(f"features sharing offsets must have equal first dims, got {sizes}")
 
     @property

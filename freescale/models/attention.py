@@ -17,6 +17,9 @@ twice, ~8 small kernels each, and read maxima back on the host).
 
 Implementations (``impl``, the model's ``attention`` option):
 - ``reference``: per-sample SDPA loops (CPU; the reference twin of the others);
+- ``padded``: the batch padded to its widest sample, one SDPA
+  (`padded_attention`): what an exported program runs (`freescale.serving`),
+  not a training option;
 - ``varlen``: ``torch.nn.attention.varlen.varlen_attn`` (FlashAttention-2, CUDA);
 - ``cudnn``: the causal self-attention through cuDNN's SDPA graphs
   (`freescale.kernels.cudnn_attention`; sm90+, the ``nvidia-cudnn-frontend``
@@ -45,6 +48,7 @@ from torch import Tensor
 from freescale.kernels import cudnn_attention
 from freescale.kernels.backend import triton_available, triton_module
 from freescale.kernels.cross_attention import HEAD_DIMS, CrossPlan, cross_plan
+from freescale.models.padded_attention import Padded, padded_attention
 
 IMPLS = ("auto", "reference", "varlen", "cudnn")
 CROSS_IMPLS = ("auto", "reference", "varlen", "triton")
@@ -59,13 +63,14 @@ class Segments:
     max_len: int = 0  # longest segment (varlen)
     bounds: list[int] | None = None  # ``offsets`` on the host (reference)
     ragged: cudnn_attention.Ragged | None = None  # cuDNN's view (its causal self-attention)
+    padded: Padded | None = None  # slots of the padded batch (``padded``)
 
 
 @dataclass(frozen=True)
 class AttentionLayout:
     """Query segment i attends to key segment i (causally when ``causal``)."""
 
-    impl: str  # reference | varlen | cudnn | triton (the cross pattern only)
+    impl: str  # reference | varlen | cudnn | padded | triton (the cross pattern only)
     q: Segments
     k: Segments
     causal: bool
@@ -286,6 +291,9 @@ def attend(q: Tensor, k: Tensor, v: Tensor, layout: AttentionLayout) -> Tensor:
     """Attention of one pattern whose layout was built once for the forward."""
     if layout.impl == "triton":
         return _triton_cross(q, k, v, layout)
+    if layout.impl == "padded":
+        assert layout.q.padded is not None and layout.k.padded is not None
+        return padded_attention(q, k, v, layout.q.padded, layout.k.padded, layout.causal)
     if layout.impl == "reference":
         assert layout.q.bounds is not None and layout.k.bounds is not None
         return _reference(q, k, v, layout.q.bounds, layout.k.bounds, layout.causal)

@@ -94,7 +94,7 @@ class HSTULayer(nn.Module):
 
     def _uvqk(self, x: Tensor) -> tuple[Tensor, ...]:
         u, v, q, k = F.silu(self.f1(self.norm_in(x))).chunk(4, dim=-1)
-        return (u, *(t.reshape(t.shape[0], self.heads, self.head_dim) for t in (v, q, k)))
+        return (u, *(t.unflatten(-1, (self.heads, self.head_dim)) for t in (v, q, k)))
 
     def forward(
         self,

@@ -130,11 +130,11 @@ def candidate_times(
 ) -> Tensor:
     """Each candidate's time when the data gives none: its sample's last
     event's (0 for an empty history, which leaves no key to compare with)."""
-    nonempty = uih_offsets.diff() > 0
-    last = uih_times.new_zeros(uih_offsets.numel() - 1)
-    if uih_times.numel():
-        ends = (uih_offsets[1:] - 1).clamp(min=0)
-        last = torch.where(nonempty, uih_times[ends], last)
+    # Behind a leading 0, a sample's last event sits at its end offset: one
+    # gather for every batch, no branch on an empty history (`torch.export`
+    # traces one program for all of them).
+    times = torch.cat([uih_times.new_zeros(1), uih_times])
+    last = torch.where(uih_offsets.diff() > 0, times[uih_offsets[1:]], 0)
     return last[segment_ids(cand_offsets, num_candidates)]
 
 

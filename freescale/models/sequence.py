@@ -37,6 +37,7 @@ from freescale.models.attention import (
 )
 from freescale.models.contract import RecModel
 from freescale.models.dropout import RowDropout, SampleDropout, check_rate
+from freescale.models.padded_attention import padded
 from freescale.models.pooling import mean_content
 from freescale.models.small_embedding import SmallEmbedding
 
@@ -203,6 +204,8 @@ class BlockStack(nn.ModuleList):
     # its graphs run varlen, and so do its eager steps).
     cudnn_self_attention = True
     triton_cross_attention = True
+    # Both patterns padded (what an exported program runs; tests set it eagerly).
+    padded = False
 
     def __init__(self, blocks: list[Block], attention: str, cross_attention: str = "auto") -> None:
         super().__init__(blocks)
@@ -232,8 +235,13 @@ class BlockStack(nn.ModuleList):
         max_candidates: int | None = None,
     ) -> tuple[AttentionLayout, AttentionLayout]:
         """(UIH self-attention, candidate cross-attention) layouts, once per forward:
-        every layer shares them. Maxima not given are read back in one host read."""
+        every layer shares them. Maxima not given are read back in one host read.
+
+        Under `torch.export` both patterns run padded (`padded_attention`): the
+        one path that is a single program for every batch shape."""
         uih_off, cand_off = batch.uih.offsets, batch.candidates.offsets
+        if torch.compiler.is_exporting() or self.padded:
+            return padded_layouts(batch, max_uih, max_candidates)
         device = (uih_off.device if uih_off.is_cuda else torch.device("cuda")) if on_cuda else None
         own = self.self_attention_impl(device)
         impl = self.cross_attention_impl(on_cuda)
@@ -260,6 +268,22 @@ class BlockStack(nn.ModuleList):
         ValueError for ``cudnn`` where it cannot run."""
         head_dim = self[0].head_dim if len(self) else 0
         return self_attention_impl(self.attention, device, head_dim, self.cudnn_self_attention)
+
+
+def padded_layouts(
+    batch: SampleBatch, max_uih: int | None, max_candidates: int | None
+) -> tuple[AttentionLayout, AttentionLayout]:
+    """Both patterns over the padded batch; widths not given: one host read."""
+    uih_off, cand_off = batch.uih.offsets, batch.candidates.offsets
+    if max_uih is None or max_candidates is None:
+        max_uih, max_candidates = max_lengths(uih_off, cand_off)
+    n_u, n_c = batch.uih[UIH_IDS].shape[0], batch.num_candidates_total
+    uih = Segments(uih_off, padded=padded(uih_off, n_u, max_uih))
+    cand = Segments(cand_off, padded=padded(cand_off, n_c, max_candidates))
+    return (
+        AttentionLayout("padded", uih, uih, True),
+        AttentionLayout("padded", cand, uih, False),
+    )
 
 
 def _keys_for(impl: str, uih: Segments, max_uih: int | None) -> Segments:

@@ -138,8 +138,8 @@ def test_committed_reports_have_headers_and_every_scenario_at_most_one():
 
 def test_size_limits():
     py = list(BENCH.rglob("*.py"))
-    assert len(py) <= 16  # 15 before issue 42 added the cross-attention measure
-    assert sum(len(p.read_text().splitlines()) for p in py) <= 3500
+    assert len(py) <= 17  # 15 before issue 42 (cross-attention), 16 before issue 45 (serving)
+    assert sum(len(p.read_text().splitlines()) for p in py) <= 3600  # 3500 before issue 45
     committed = [p for p in report.RESULTS.rglob("*") if p.is_file() and p.name != ".gitignore"]
     assert len(committed) <= 64  # 56 before issue 41, whose hstu-* reports add 8
     assert sum(p.stat().st_size for p in committed) <= 3 * 1024 * 1024

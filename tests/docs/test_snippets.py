@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = ["docs/your-model.md"]
+PAGES = ["docs/your-model.md", "docs/serving.md"]
 
 
 def _snippets(page: str) -> list[str]:

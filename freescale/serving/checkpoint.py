@@ -1,0 +1,105 @@
+"""A training checkpoint as the plain model's state, in one process.
+
+A checkpoint holds the dense weights (``trainer.pt``) and every table in
+contiguous row chunks (``tables/``, torch DCP), written by any number of
+ranks. Here one process without a process group reads every chunk of every
+table into one full tensor (DCP reshards to a single reader as it does to W'
+ranks) under the key the *plain* model's ``state_dict`` has, beside the dense
+weights: the model the run's factory builds loads it as it is.
+
+Nothing is used before the checkpoint passes the checks ``--resume`` runs
+(`freescale.pipeline.checkpoint_files.read_checked`: sizes, SHA-256 of every
+file, plain content, the tables' index): a tampered checkpoint is refused
+with the same one line (docs/security.md).
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from freescale.embedding.dcp_safe import SafeReader, read_metadata
+from freescale.models.contract import load_object
+from freescale.pipeline.checkpoint import find_checkpoint, read_manifest
+from freescale.pipeline.checkpoint_files import MANIFEST, TABLES, read_checked, sha256_file
+from freescale.pipeline.config import BUILTIN_MODEL, TrainConfig
+
+# Factories a checkpoint may name: code FreeScale ships. Any other must be
+# named by the caller (a checkpoint never decides what code runs).
+BUILTIN_FACTORIES = (BUILTIN_MODEL, "freescale.models.hstu:build")
+
+
+def checked(path: str | Path) -> tuple[Path, dict[str, Any], dict[str, Any]]:
+    """(the checkpoint directory, its manifest, its trainer state), after every
+    check ``--resume`` runs; one-line ValueError otherwise."""
+    found = find_checkpoint(path)
+    if found is None:
+        raise ValueError(f"export: no complete checkpoint in {str(path)!r}")
+    manifest = read_manifest(found)
+    world = manifest["world_size"]
+    trainer, _ = read_checked(found, manifest, range(world), manifest["files"])
+    if "model" not in trainer:
+        raise ValueError(f"export: {found} holds no model state")
+    return found, manifest, trainer
+
+
+def manifest_sha256(checkpoint: Path) -> str:
+    """The checkpoint's digest: its manifest's, which pins every other file."""
+    return sha256_file(checkpoint / MANIFEST)
+
+
+def model_factory(config: TrainConfig, given: Any = None) -> Any:
+    """The factory the run used: ``given`` (a factory or its ``module:name``) or,
+    for FreeScale's own models, the one the checkpoint names."""
+    saved = config.model.factory
+    if given is None:
+        if saved not in BUILTIN_FACTORIES:
+            raise ValueError(
+                f"export: the checkpoint was trained with model={saved}; name it "
+                f"(--model {saved}, or model= in Python) to import it: a checkpoint "
+                "never chooses the code that runs (docs/security.md)"
+            )
+        given = saved
+    if isinstance(given, str):
+        if given != saved:
+            raise ValueError(f"export: the checkpoint was trained with model={saved}, not {given}")
+        return load_object(given, "model")
+    return given
+
+
+def table_keys(model: nn.Module) -> dict[str, str]:
+    """``{checkpoint table entry: the plain model's state-dict key}`` of the
+    model's sharded modules (`freescale.embedding.swap` names the tables)."""
+    modules = dict(model.named_modules())
+    keys: dict[str, str] = {}
+    for path in model.sharded_modules:  # type: ignore[union-attr]
+        module = modules[path]
+        if isinstance(module, nn.Embedding):
+            keys[f"{path}.weight"] = f"{path}.weight"
+            continue
+        for name in getattr(module, "embeddings", {}):  # a TorchRec EmbeddingCollection
+            keys[f"{path}.{name}.weight"] = f"{path}.embeddings.{name}.weight"
+    return keys
+
+
+def plain_state(checkpoint: Path, trainer: dict[str, Any], model: nn.Module) -> dict[str, Tensor]:
+    """The plain model's full state dict: dense weights and gathered tables."""
+    keys = table_keys(model)
+    saved = read_metadata(checkpoint / TABLES).state_dict_metadata
+    missing = sorted(set(keys) - set(saved))
+    if missing:
+        raise ValueError(f"export: {checkpoint} holds no table {', '.join(missing)}")
+    tables = {}
+    for entry in keys:
+        meta = saved[entry]
+        tables[entry] = torch.empty(meta.size, dtype=meta.properties.dtype)
+    with warnings.catch_warnings():  # "no process group: loading in one process", as meant
+        warnings.simplefilter("ignore", UserWarning)
+        torch.distributed.checkpoint.load(
+            tables, storage_reader=SafeReader(checkpoint / TABLES), no_dist=True
+        )
+    return {**trainer["model"], **{keys[k]: t for k, t in tables.items()}}

@@ -1,0 +1,246 @@
+"""`export`: a trained run as a `torch.export` program (and an AOTInductor package).
+
+Steps, each checkable on its own:
+
+1. the checkpoint passes every check ``--resume`` runs, then becomes the plain
+   model's state dict in this process, whatever world size wrote it
+   (`freescale.serving.checkpoint`);
+2. the run's factory builds the plain model from the data's schema; it loads
+   that state and goes to eval mode;
+3. `Program` wraps it behind the flat tensor signature
+   (`freescale.serving.signature`), and `torch.export` traces it once over
+   an example batch of the run's data with every jagged dimension dynamic;
+4. ``OUT/model.pt2`` (`torch.export.save`), with ``aoti`` also
+   ``OUT/model_aoti.pt2`` (`torch._inductor.aoti_compile_and_package`), and
+   ``OUT/manifest.json``: the signature, the schema, the model and data
+   options, the source checkpoint's SHA-256 and the files' own.
+
+Tracing runs with size-oblivious reasoning for backed sizes (as torch's ONNX
+exporter does), so that a program traced on an example of a few samples also
+serves a batch of one sample, one candidate or no history at all; without it,
+every dimension would be specialized away from 0 and 1.
+
+Attention in the program: the built-in models trace their padded path
+(`freescale.models.padded_attention`, HSTU's ``padded`` layout) on every
+device: the per-sample reference loops on the host, and the CUDA kernels are
+not traceable here (docs/serving.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+import freescale
+from freescale.data.source import BUILTIN_KINDS, schema_of
+from freescale.jagged.batch import SampleBatch
+from freescale.jagged.schema import DataSchema
+from freescale.models.contract import check_model
+from freescale.pipeline.checkpoint_files import sha256_file
+from freescale.pipeline.config import TrainConfig
+from freescale.pipeline.setup import make_source
+from freescale.serving import checkpoint as ck
+from freescale.serving.failure import explain
+from freescale.serving.signature import Signature
+
+PROGRAM, PACKAGE, MANIFEST = "model.pt2", "model_aoti.pt2", "manifest.json"
+FORMAT = 1
+EXAMPLE_SAMPLES = 8  # samples of the example batch the program is traced on
+
+
+class Program(nn.Module):
+    """``model`` behind the flat signature: ``forward(*tensors) -> [C]`` logits."""
+
+    def __init__(self, model: nn.Module, signature: Signature) -> None:
+        super().__init__()
+        self.model, self.signature = model, signature
+
+    def forward(self, *tensors: Tensor) -> Tensor:
+        return self.model(self.signature.unflatten(tensors))
+
+
+def export(
+    checkpoint: str | Path,
+    out: str | Path,
+    *,
+    model: Any = None,
+    data: Any = None,
+    device: str = "cpu",
+    dynamic: bool = True,
+    aoti: bool = False,
+) -> Path:
+    """Export the checkpoint's model into the directory ``out``; returns it.
+
+    ``model``: the run's factory, or its ``module:name``; ``data``: the run's
+    data source, or its ``module:factory`` (called with the checkpoint's data
+    options). Both default to what the checkpoint's config names when that is
+    FreeScale's own code; other code is imported only when the caller names
+    it (a checkpoint never chooses the code that runs). ``dynamic=False``: a
+    program for the example batch's shapes only.
+    """
+    found, manifest, trainer = ck.checked(checkpoint)
+    config = TrainConfig.from_dict(manifest["config"])
+    factory = ck.model_factory(config, model)
+    source = _source(config, data)
+    schema = schema_of(source)
+    plain = _build(factory, schema, config.model.options)
+    plain.load_state_dict(ck.plain_state(found, trainer, plain))
+    example = example_batch(source, config.run.batch_size)
+    source_record = {
+        "checkpoint": str(found),
+        "manifest_sha256": ck.manifest_sha256(found),
+        "step": manifest["step"],
+        "world_size": manifest["world_size"],
+    }
+    options = {k: manifest["config"].get(k) for k in ("model", "data")}
+    extra = {"source": source_record, "config": options}
+    return export_model(plain, example, out, schema=schema, device=device, dynamic=dynamic,
+                        aoti=aoti, extra=extra)  # fmt: skip
+
+
+def export_model(
+    model: nn.Module,
+    example: SampleBatch,
+    out: str | Path,
+    *,
+    schema: DataSchema | None = None,
+    device: str = "cpu",
+    dynamic: bool = True,
+    aoti: bool = False,
+    extra: dict[str, Any] | None = None,
+) -> Path:
+    """Export a plain ``model`` (its current weights) traced on ``example``."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    target = torch.device(device)
+    model = model.to(target).eval()
+    example = example.to(target)
+    signature = Signature.of(example)
+    program = trace(model, signature, example, dynamic)
+    torch.export.save(program, out / PROGRAM)
+    files, inductor = [PROGRAM], None
+    if aoti:
+        inductor = compile_package(program, out / PACKAGE)
+        files.append(PACKAGE)
+    record = {
+        "format": FORMAT,
+        "freescale": freescale.__version__,
+        "torch": torch.__version__,
+        "device": target.type,
+        "dynamic": dynamic,
+        "model_class": f"{type(model).__module__}:{type(model).__qualname__}",
+        "inputs": signature.inputs(),
+        "signature": signature.as_dict(),
+        "schema": None if schema is None else _schema_record(schema),
+        "output": "float32 [C]: one logit per candidate, in the candidates' order",
+        "aoti_inductor_configs": inductor,
+        **(extra or {}),
+        "files": {name: [(out / name).stat().st_size, sha256_file(out / name)] for name in files},
+    }
+    (out / MANIFEST).write_text(json.dumps(record, indent=1) + "\n")
+    return out
+
+
+def trace(
+    model: nn.Module, signature: Signature, example: SampleBatch, dynamic: bool = True
+) -> Any:
+    """`torch.export.export` of ``model`` behind ``signature``; a model it cannot
+    trace is one `ExportError` paragraph (`freescale.serving.failure`)."""
+    shapes = (signature.dynamic_shapes(),) if dynamic else None
+    try:
+        with torch.no_grad(), _size_oblivious():
+            return torch.export.export(
+                Program(model, signature), signature.flatten(example), dynamic_shapes=shapes
+            )
+    except Exception as e:
+        raise explain(e, model) from None
+
+
+def compile_package(program: Any, path: Path) -> dict[str, Any]:
+    """AOTInductor-compile ``program`` into the package ``path``; the Inductor
+    configs used. Inductor's vectorized C++ does not compile for every op (torch
+    2.13: an int32 -> int64 convert of HSTU's buckets): such a program is
+    compiled again without vectorization, scalar but correct."""
+    from torch._inductor import aoti_compile_and_package
+
+    try:
+        aoti_compile_and_package(program, package_path=str(path))
+        return {}
+    except Exception as e:
+        if "CppCompileError" not in f"{type(e).__name__} {e}"[:300]:
+            raise
+    scalar = {"cpp.simdlen": 1}
+    aoti_compile_and_package(program, package_path=str(path), inductor_configs=scalar)
+    return scalar
+
+
+def example_batch(source: Any, batch_size: int) -> SampleBatch:
+    """A batch of the run's data with at least 2 of everything the program keeps
+    dynamic (a size of 0 or 1 would be specialized by the tracer)."""
+    parts, step = [], 0
+    while True:
+        parts.append(source.batch(step, 0, 1, max(EXAMPLE_SAMPLES, min(batch_size, 64))))
+        batch = SampleBatch.concat(parts)
+        sizes = _dynamic_sizes(batch)
+        if min(sizes.values()) >= 2:
+            return batch
+        step += 1
+        if step == 4:
+            few = ", ".join(f"{k} ({v})" for k, v in sizes.items() if v < 2)
+            raise ValueError(f"export: the data's first batches have too few {few} to trace on")
+
+
+def _dynamic_sizes(batch: SampleBatch) -> dict[str, int]:
+    return {
+        "samples": batch.batch_size,
+        "history tokens": batch.uih.offsets[-1].item(),
+        "candidates": batch.num_candidates_total,
+        "content items": batch.content.offsets[-1].item(),
+    }
+
+
+@contextlib.contextmanager
+def _size_oblivious() -> Iterator[None]:
+    """Backed sizes in [0, inf) without 0/1 guards (torch >= 2.7; a no-op before)."""
+    config = torch.fx.experimental._config
+    if not hasattr(config, "backed_size_oblivious"):
+        yield
+        return
+    with config.patch(backed_size_oblivious=True):
+        yield
+
+
+def _source(config: TrainConfig, data: Any) -> Any:
+    """``data`` (a source object), else the source the checkpoint's config
+    describes: a built-in kind, or a ``module:factory`` that ``data`` names."""
+    if data is not None and not isinstance(data, str):
+        return data
+    name = config.data.source
+    if name.partition(":")[0] not in BUILTIN_KINDS and data is None:
+        raise ValueError(
+            f"export: the checkpoint's data is {name}; name it (--data {name}, or data= in "
+            "Python) to import it: a checkpoint never chooses the code that runs"
+        )
+    if data is not None and data != name:
+        raise ValueError(f"export: the checkpoint's data is {name}, not {data}")
+    return make_source(config)
+
+
+def _build(factory: Any, schema: DataSchema, options: dict[str, Any]) -> nn.Module:
+    try:
+        built = factory(schema, **options)
+    except TypeError as e:
+        raise ValueError(f"export: factory(schema, **model options) failed: {e}") from None
+    check_model(built, "export")
+    return built
+
+
+def _schema_record(schema: DataSchema) -> dict[str, Any]:
+    return {"features": [asdict(f) for f in schema.features], "dense_dim": schema.dense_dim}

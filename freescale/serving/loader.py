@@ -1,0 +1,85 @@
+"""`load`: an export directory as a callable that scores candidates.
+
+``load(OUT)(batch)`` -> one logit per candidate of ``batch`` (a `SampleBatch`),
+or ``load(OUT)(*tensors)`` with the flat signature (`Signature.inputs`, in the
+manifest). Either runs the AOTInductor package when the directory has one
+built for the device asked for, else the `torch.export` program; every file is
+checked against the manifest's SHA-256 before it is loaded. An AOTInductor
+package is compiled code that loading runs: load only exports you made or
+trust (docs/security.md).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from freescale.jagged.batch import SampleBatch
+from freescale.pipeline.checkpoint_files import sha256_file
+from freescale.serving.exporter import FORMAT, MANIFEST, PACKAGE, PROGRAM
+from freescale.serving.signature import Signature
+
+
+class Served:
+    """A loaded export: ``served(batch)`` or ``served(*tensors)`` -> logits [C]."""
+
+    def __init__(self, program: Any, signature: Signature, device: torch.device, kind: str):
+        self.program, self.signature, self.device = program, signature, device
+        self.kind = kind  # "aoti" | "export"
+
+    def __call__(self, *inputs: Any) -> Tensor:
+        if len(inputs) == 1 and isinstance(inputs[0], SampleBatch):
+            tensors = self.signature.flatten(inputs[0].to(self.device))
+        else:
+            self.signature.check(inputs)
+            tensors = inputs
+        with torch.no_grad():
+            return self.program(*tensors)
+
+    def flatten(self, batch: SampleBatch) -> tuple[Tensor, ...]:
+        """``batch`` as the program's flat inputs (on this export's device)."""
+        return self.signature.flatten(batch.to(self.device))
+
+
+def read_manifest(directory: str | Path) -> dict[str, Any]:
+    """The export's manifest, its files checked (sizes and SHA-256); one-line ValueError."""
+    directory = Path(directory)
+    try:
+        manifest = json.loads((directory / MANIFEST).read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{directory} is not a FreeScale export ({e})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise ValueError(f"{directory / MANIFEST}: not an export manifest of format {FORMAT}")
+    for name, (size, digest) in manifest["files"].items():
+        path = directory / name
+        if not path.is_file() or path.stat().st_size != size or sha256_file(path) != digest:
+            raise ValueError(f"export file {path} is missing, altered or damaged (manifest)")
+    return manifest
+
+
+def load(directory: str | Path, device: str | None = None, aoti: bool | None = None) -> Served:
+    """The export in ``directory`` on ``device`` (default: the one it was made
+    for). ``aoti``: None: the AOTInductor package where there is one for that
+    device; True: it (ValueError without); False: the `torch.export` program."""
+    directory = Path(directory)
+    manifest = read_manifest(directory)
+    made_for = torch.device(manifest["device"])
+    target = torch.device(device) if device is not None else made_for
+    signature = Signature.from_dict(manifest["signature"])
+    has_package = PACKAGE in manifest["files"] and target.type == made_for.type
+    if aoti and not has_package:
+        raise ValueError(f"{directory} has no AOTInductor package for {target.type}")
+    if has_package and aoti is not False:
+        from torch._inductor import aoti_load_package
+
+        return Served(aoti_load_package(str(directory / PACKAGE)), signature, target, "aoti")
+    program = torch.export.load(directory / PROGRAM)
+    if target.type != made_for.type:
+        from torch.export.passes import move_to_device_pass
+
+        program = move_to_device_pass(program, target)
+    return Served(program.module(), signature, target, "export")
