@@ -307,6 +307,14 @@ class ShardedEmbeddingCollection(nn.Module):
         """Apply the deferred (exclusive) part of the last update; local, no collective."""
         self.mode.flush()
 
+    def host_tier_traffic(self) -> Tensor | None:
+        """Bytes this rank's host-tier tables moved between host and device since
+        the last call ([1] int64 on the device, not read here); None without any."""
+        tiers = [s.tier for s in self.stores if s.tier is not None]  # type: ignore[union-attr]
+        if not tiers:
+            return None
+        return torch.stack([t.take_bytes() for t in tiers]).sum().reshape(1).double()
+
     def collision_stats(self) -> CollisionStats | None:
         """Collision of the last prefetched step with the one before, on this rank's shards.
 

@@ -125,12 +125,13 @@ class HostTier:
         self._count(distinct * (2 * self.row_bytes))
 
     # ---- traffic -------------------------------------------------------------
-    def take_bytes(self) -> int:
-        """Bytes moved between host and device since the last call (reads the device)."""
-        total, self._bytes = self._bytes, 0
+    def take_bytes(self) -> Tensor:
+        """Bytes moved between host and device since the last call: a 0-dim
+        int64 device tensor (not read here; a fill kernel carries the host count)."""
+        total = torch.full((), self._bytes, dtype=torch.int64, device=self.device)
         if self._device_bytes is not None:
-            total += int(self._device_bytes)
-            self._device_bytes = None
+            total = total + self._device_bytes
+        self._bytes, self._device_bytes = 0, None
         return total
 
     def _count(self, nbytes: Tensor) -> None:

@@ -38,7 +38,7 @@ from freescale.pipeline.run_state import DenseState, RunState
 from freescale.pipeline.setup import build_model, check_data, pick_device, seed_everything
 from freescale.pipeline.sparse import SparseSide
 from freescale.pipeline.sync_debug import report_host_syncs
-from freescale.pipeline.timing import SectionTimer
+from freescale.pipeline.timing import HOST_TIER_PART, SectionTimer
 
 
 class Trainer:
@@ -66,7 +66,8 @@ class Trainer:
             self.model = build_model(cfg.model, self.schema, model).to(device)
         # One rank exchanges nothing: its communication sections would time
         # identities. Only the data wait is read from the sections there.
-        self.timer = SectionTimer(device, frozenset({"data"}) if self.world == 1 else None)
+        timed = frozenset({"data", *HOST_TIER_PART}) if self.world == 1 else None
+        self.timer = SectionTimer(device, timed)
         self.sparse = sparse = SparseSide(
             self.model, cfg.embeddings, cfg.pipeline, run.mode, self.world, device, self.timer
         )
@@ -193,6 +194,9 @@ class Trainer:
             record = StepRecord(step, info, read_later(values), self.timer.take(), handle, frames)
             if collision is not None:
                 record.collision = read_later(collision)
+            host_bytes = self.sparse.embeddings.host_tier_traffic()
+            if host_bytes is not None:
+                record.host_bytes = read_later(host_bytes)
             if self.evaluator.due(step, run.steps):
                 record.eval = {"step": step, **self.evaluator.heldout()}
             if pending is not None:

@@ -1,0 +1,50 @@
+"""The trainer with a table on the host tier: the same run as on the device.
+
+`embeddings.tables.item_emb.placement=host` moves the item table's shard and
+optimizer state to host memory; on CPU ranks the tier's torch twin runs the
+same schedule (staged prefetch in `sdd`, collision rows after the update in
+`freescale`), so losses, evaluations, the table, its optimizer state and the
+dense weights must be bit-identical to the device placement. The embedding
+contract (every mode x optimizer, W = 1, 2, 4) is tests/embedding/test_host_tier.py.
+"""
+
+import pytest
+
+from freescale.testing import run_ranks
+from tests.pipeline.test_train import _train_and_collect, assert_same_run
+
+COMMON = ["run.steps=8", "run.warmup=1", "evaluation.every=4", "evaluation.batches=1"]
+HOST = "embeddings.tables.item_emb.placement=host"
+
+
+def _same_as_on_device(world_size: int, extra: list[str]) -> dict:
+    device = run_ranks(_train_and_collect, world_size, [*COMMON, *extra], timeout=240)
+    host = run_ranks(_train_and_collect, world_size, [*COMMON, *extra, HOST], timeout=240)
+    for rank in range(world_size):
+        assert_same_run(device[rank], host[rank])
+    return host[0]
+
+
+@pytest.mark.parametrize(
+    ("world_size", "extra"),
+    [
+        (2, ["run.mode=sdd", "embeddings.optimizer=adam"]),
+        (2, ["run.mode=freescale", "embeddings.optimizer=adagrad"]),
+    ],
+)
+def test_a_host_table_trains_bit_identically_to_a_device_table(world_size, extra):
+    host = _same_as_on_device(world_size, extra)
+    assert {"host_tier_bytes", "host_tier_exposed_ms", "host_tier_gb_s"} <= set(
+        host["summary_keys"]
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+@pytest.mark.parametrize("mode", ["sync", "sdd", "freescale"])
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adam"])
+def test_every_mode_optimizer_and_world_size_on_the_host_tier(world_size, mode, optimizer):
+    extra = [f"run.mode={mode}", f"embeddings.optimizer={optimizer}"]
+    if world_size == 1 and mode == "freescale":
+        extra.append("pipeline.prioritize=on")  # the split at one rank too
+    _same_as_on_device(world_size, extra)
