@@ -63,6 +63,13 @@ class StepRecord:
     collision: Callable[[], list[float]] | None = None  # freescale: C^i counts, read later
     host_bytes: Callable[[], list[float]] | None = None  # host-tier traffic, read later
 
+    def read_later(self, collision: Tensor | None, host_bytes: Tensor | None) -> None:
+        """Keep the step's device counts (either may be None) to read at its metrics."""
+        if collision is not None:
+            self.collision = read_later(collision)
+        if host_bytes is not None:
+            self.host_bytes = read_later(host_bytes)
+
 
 class StepMetrics:
     """Every step's metrics: gathered, summarized (`summary`), written, printed.

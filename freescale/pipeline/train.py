@@ -38,7 +38,7 @@ from freescale.pipeline.run_state import DenseState, RunState
 from freescale.pipeline.setup import build_model, check_data, pick_device, seed_everything
 from freescale.pipeline.sparse import SparseSide
 from freescale.pipeline.sync_debug import report_host_syncs
-from freescale.pipeline.timing import HOST_TIER_PART, SectionTimer
+from freescale.pipeline.timing import ONE_RANK_TIMED, SectionTimer
 
 
 class Trainer:
@@ -65,9 +65,8 @@ class Trainer:
         with device:  # initialize on the device: large tables init in ms, not minutes
             self.model = build_model(cfg.model, self.schema, model).to(device)
         # One rank exchanges nothing: its communication sections would time
-        # identities. Only the data wait is read from the sections there.
-        timed = frozenset({"data", *HOST_TIER_PART}) if self.world == 1 else None
-        self.timer = SectionTimer(device, timed)
+        # identities. Only the data wait (and the host tier's) is read there.
+        self.timer = SectionTimer(device, ONE_RANK_TIMED if self.world == 1 else None)
         self.sparse = sparse = SparseSide(
             self.model, cfg.embeddings, cfg.pipeline, run.mode, self.world, device, self.timer
         )
@@ -192,11 +191,7 @@ class Trainer:
             values = torch.cat(on_device).double()  # fp32, bools (and fp64): exact in fp64
             frames = self.dense.step_frames  # dynamo's compiles in the step (dense.compile)
             record = StepRecord(step, info, read_later(values), self.timer.take(), handle, frames)
-            if collision is not None:
-                record.collision = read_later(collision)
-            host_bytes = self.sparse.embeddings.host_tier_traffic()
-            if host_bytes is not None:
-                record.host_bytes = read_later(host_bytes)
+            record.read_later(collision, self.sparse.embeddings.host_tier_traffic())
             if self.evaluator.due(step, run.steps):
                 record.eval = {"step": step, **self.evaluator.heldout()}
             if pending is not None:
