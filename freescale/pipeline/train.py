@@ -36,7 +36,7 @@ from freescale.pipeline.profiling import make_profiler
 from freescale.pipeline.recorder import StepMetrics, StepRecord, read_later
 from freescale.pipeline.run_state import DenseState, RunState
 from freescale.pipeline.setup import build_model, check_data, pick_device, seed_everything
-from freescale.pipeline.sparse import SparseSide
+from freescale.pipeline.sparse import SparseSide, check_host_tier
 from freescale.pipeline.sync_debug import report_host_syncs
 from freescale.pipeline.timing import ONE_RANK_TIMED, SectionTimer
 
@@ -62,6 +62,7 @@ class Trainer:
         group = gloo_group(run.timeout_s) if self.world > 1 else None  # never waits for a GPU
         check_all_rows(self.source, group, self.rank, self.world)  # every row, before step 0
         self.schema = schema_of(self.source)
+        check_host_tier(cfg, self.schema, model, self.world)  # before the model takes memory
         with device:  # initialize on the device: large tables init in ms, not minutes
             self.model = build_model(cfg.model, self.schema, model).to(device)
         # One rank exchanges nothing: its communication sections would time

@@ -50,3 +50,20 @@ def test_every_mode_optimizer_and_world_size_on_the_host_tier(world_size, mode, 
     if world_size == 1 and mode == "freescale":
         extra.append("pipeline.prioritize=on")  # the split at one rank too
     _same_as_on_device(world_size, extra)
+
+
+@pytest.mark.parametrize(
+    ("setting", "line"),
+    [
+        ("embeddings.tables.item_emb.placement=disk", "placement must be one of device, host"),
+        ("data.num_items=2000000000000", "host-tier tables need"),  # ~2 PB of rows
+    ],
+)
+def test_a_bad_placement_or_too_little_host_memory_is_one_line_at_start(capsys, setting, line):
+    """The memory check sizes the model on the meta device, before it takes memory."""
+    from freescale.cli.main import main
+
+    sets = [HOST, setting, "run.nproc=2", "run.steps=8", "output.progress=false"]
+    rc = main(["train", *(x for s in sets for x in ("--set", s))])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and line in err[0], err
