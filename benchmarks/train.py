@@ -48,7 +48,8 @@ from .scenario import Scenario, setting
 SUMMARY_KEYS = ("step_ms", "compute_ms_mean", "qps", "straggler_pct", "data_wait_ms",
                 "data_wait_ms_max", "exposed_collision_ms", "collision_rows_pct",
                 "collision_ids_pct", "ne", "train_ne_last", "measured_steps", "step_tflop",
-                "tflops", "mfu_pct", "peak_tflops", "compiled_frames_after_warmup")  # fmt: skip
+                "tflops", "mfu_pct", "peak_tflops", "compiled_frames_after_warmup",
+                "host_tier_bytes", "host_tier_exposed_ms", "host_tier_gb_s")  # fmt: skip
 
 
 def points(s: Scenario) -> list[dict[str, Any]]:
@@ -114,6 +115,8 @@ def run_point(s: Scenario, point: dict[str, Any], raw: Path) -> dict[str, Any]:
     row.update({k: summary.get(k) for k in SUMMARY_KEYS})
     # dense.compile's word (on, or why not: under graphs that ran); the axis keeps its value
     row["compile_ran"] = summary.get("dense_compile", "off")
+    if row.get("host_tier_bytes") is not None:  # host-tier runs: GB moved per step
+        row["host_tier_gb_step"] = row["host_tier_bytes"] / 1e9
     for c in CATEGORIES:
         row[f"exposed_{c}_ms"] = summary["exposed_comm_ms"][c]
     row["peak_mem_gb"] = torch.cuda.max_memory_allocated() / 1e9 if cuda and local else None

@@ -33,6 +33,7 @@ lookup per step) needs. Its swapped modules refuse a training call outside
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -41,7 +42,8 @@ from torch import Tensor, nn
 
 from freescale.comm import Communicator
 from freescale.embedding import input_dist
-from freescale.embedding.config import ShardingPlan, TableConfig
+from freescale.embedding.config import Placement, ShardingPlan, TableConfig
+from freescale.embedding.host_tier import check_host_memory, ranks_on_host
 from freescale.embedding.lookup import GroupCall, ShardedLookup, Timer, no_timer
 from freescale.embedding.modes import CollisionStats, Mode, Sync
 from freescale.embedding.nonfinite import NonFiniteGuard
@@ -57,16 +59,20 @@ Outputs = dict[str, JaggedTensor | Tensor]
 
 def _group_tables(
     tables: Sequence[TableConfig], plan: ShardingPlan
-) -> list[tuple[object, list[TableConfig]]]:
+) -> list[tuple[Any, Placement, list[TableConfig]]]:
+    """(optimizer, placement, tables) of each store: equal dtype, dim, optimizer
+    and placement share one."""
     groups: dict[tuple, list[TableConfig]] = {}
     for t in tables:
-        opt = plan.optimizer_for(t)
-        groups.setdefault((t.dtype, t.dim, opt), []).append(t)
-    return [(key[2], members) for key, members in groups.items()]
+        key = (t.dtype, t.dim, plan.optimizer_for(t), plan.placement_for(t))
+        groups.setdefault(key, []).append(t)
+    return [(key[2], key[3], members) for key, members in groups.items()]
 
 
 class ShardedEmbeddingCollection(nn.Module):
-    """Several tables, grouped by (dtype, dim, optimizer), sharded row-wise over ``comm``.
+    """Several tables, grouped by (dtype, dim, optimizer, placement), sharded row-wise
+    over ``comm``. Host-placed tables keep their shards in host memory
+    (`freescale.embedding.host_tier`); this rank's share must fit (checked first).
 
     Keyword-only, fixed for the collection's life: ``mode`` (`Sync()` if not
     given; `freescale.embedding.modes`); ``timer(section)``, a context manager
@@ -106,12 +112,14 @@ class ShardedEmbeddingCollection(nn.Module):
         self.tables = {t.name: t for t in tables}
         self.stores = nn.ModuleList()
         self._where: dict[str, tuple[int, int]] = {}
-        for g, (opt, members) in enumerate(_group_tables(tables, plan)):
+        grouped = _group_tables(tables, plan)
+        check_host_memory(host_tier_bytes(grouped, comm.world_size), ranks_on_host(comm.world_size))
+        for g, (opt, placement, members) in enumerate(grouped):
             shardings = [
                 RowSharding(t.rows, comm.world_size, plan.assignment, plan.block_size)
                 for t in members
             ]
-            store = ShardStore(members, shardings, opt, comm.rank, self.device, seed + g)
+            store = ShardStore(members, shardings, opt, comm.rank, self.device, seed + g, placement)
             self.stores.append(store)
             self._where.update({t.name: (g, i) for i, t in enumerate(members)})
         self._feature_table = {f: t.name for t in tables for f in t.features}
@@ -299,6 +307,14 @@ class ShardedEmbeddingCollection(nn.Module):
         """Apply the deferred (exclusive) part of the last update; local, no collective."""
         self.mode.flush()
 
+    def host_tier_traffic(self) -> Tensor | None:
+        """Bytes this rank's host-tier tables moved between host and device since
+        the last call ([1] int64 on the device, not read here); None without any."""
+        tiers = [s.tier for s in self.stores if s.tier is not None]  # type: ignore[union-attr]
+        if not tiers:
+            return None
+        return torch.stack([t.take_bytes() for t in tiers]).sum().reshape(1).double()
+
     def collision_stats(self) -> CollisionStats | None:
         """Collision of the last prefetched step with the one before, on this rank's shards.
 
@@ -357,14 +373,14 @@ class ShardedEmbeddingCollection(nn.Module):
         """The whole table ``[rows, dim]``, gathered from all ranks (a collective)."""
         self.flush()
         store, t = self._locate(name)
-        return self._gather(name, store.table_slice(t, store.weight))
+        return self._gather(name, store.full_slice(t, store.weight))
 
     def full_optimizer_state(self, name: str) -> dict[str, Tensor]:
         """The optimizer state of table ``name`` over all rows (a collective per tensor)."""
         self.flush()
         store, t = self._locate(name)
         return {
-            k: self._gather(name, store.table_slice(t, v))
+            k: self._gather(name, store.full_slice(t, v))
             for k, v in store.optimizer_state().items()
         }
 
@@ -416,3 +432,17 @@ def _check_names(tables: Sequence[TableConfig]) -> None:
     features = [f for t in tables for f in t.features]
     if len(set(features)) != len(features):
         raise ValueError(f"a feature may look up only one table: {features}")
+
+
+def host_tier_bytes(grouped: list[tuple[Any, Placement, list[TableConfig]]], world: int) -> int:
+    """Host memory one rank's host-tier shards take (rows + optimizer state), at
+    most ceil(rows / W) rows per table (the largest share of any assignment)."""
+    total = 0
+    for opt, placement, members in grouped:
+        if placement != "host":
+            continue
+        for t in members:
+            state = sum(math.prod(shape) * 4 for shape, _ in opt.state_specs(t.dim).values())
+            row = t.dim * torch.empty((), dtype=t.dtype).element_size() + state
+            total += -(-t.rows // world) * row
+    return total

@@ -16,6 +16,10 @@ import torch
 from freescale.embedding.optim import SGD, OptimizerConfig
 
 Assignment = Literal["hashed", "block"]
+# Where a table's shard (rows and optimizer state) lives: GPU memory, or the
+# host tier (`freescale.embedding.host_tier`), read and written over PCIe.
+Placement = Literal["device", "host"]
+PLACEMENTS = ("device", "host")
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -26,6 +30,7 @@ class TableConfig:
     ``feature_names`` are the input keys that look this table up (default:
     the table name). ``optimizer`` None means the plan's default.
     ``padding_idx`` (as in ``nn.Embedding``) is looked up but never updated.
+    ``placement``: ``"device"`` (default) or ``"host"`` (the host tier).
     """
 
     name: str
@@ -35,8 +40,10 @@ class TableConfig:
     optimizer: OptimizerConfig | None = None
     feature_names: tuple[str, ...] = ()
     padding_idx: int | None = None
+    placement: Placement = "device"
 
     def __post_init__(self) -> None:
+        check_placement(f"table {self.name!r}", self.placement)
         if not self.name:
             raise ValueError("table name must be non-empty")
         if self.rows < 1 or self.dim < 1:
@@ -66,6 +73,8 @@ class ShardingPlan:
       ``[r * ceil(rows / W), (r + 1) * ceil(rows / W))`` (TorchRec's row-wise).
     - ``optimizer`` is the default; ``table_optimizers`` overrides it per
       table name (for `swap`: per module path).
+    - ``table_placements`` overrides each named table's ``placement``
+      (``"device"`` or ``"host"``; for `swap`: per module path).
     - ``modules`` (for `swap`): glob patterns of module paths to shard;
       empty means every ``nn.Embedding`` / ``EmbeddingCollection``.
     """
@@ -75,8 +84,11 @@ class ShardingPlan:
     block_size: int = 1
     table_optimizers: dict[str, OptimizerConfig] = field(default_factory=dict)
     modules: tuple[str, ...] = ()
+    table_placements: dict[str, Placement] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        for name, placement in self.table_placements.items():
+            check_placement(f"table {name!r}", placement)
         if self.assignment not in ("hashed", "block"):
             raise ValueError(f"assignment must be 'hashed' or 'block', got {self.assignment!r}")
         if self.block_size < 1:
@@ -87,5 +99,13 @@ class ShardingPlan:
             return table.optimizer
         return self.table_optimizers.get(table.name, self.optimizer)
 
+    def placement_for(self, table: TableConfig) -> Placement:
+        return self.table_placements.get(table.name, table.placement)
+
     def selects(self, module_path: str) -> bool:
         return not self.modules or any(fnmatch.fnmatchcase(module_path, p) for p in self.modules)
+
+
+def check_placement(what: str, placement: str) -> None:
+    if placement not in PLACEMENTS:
+        raise ValueError(f"{what}: placement must be one of {PLACEMENTS}, got {placement!r}")

@@ -102,13 +102,23 @@ def _forward(call: GroupCall, comm: Communicator, timer: Timer) -> Tensor:
     with timer("ids_a2a"):
         if call.ids_work is not None:  # issued ahead (sdd)
             call.recv_slots, call.ids_work = call.ids_work.wait(), None
-        else:
+        elif call.recv_slots is None:  # else received and staged ahead (`stage_ahead`)
             call.recv_slots = _exchange(comm, call.send_slots, call.send, call.recv)
-    with timer("lookup"):
+    with timer(call.store.section("lookup")):
         rows = call.store.lookup(call.recv_slots)
     with timer("emb_a2a"):
         back = _exchange(comm, rows, call.recv, call.send)
         return ranged_combine(back, call.plan)
+
+
+def stage_ahead(call: GroupCall, timer: Timer) -> None:
+    """Receive the ids of a call issued ahead and let its store stage the
+    rows (a host-tier store gathers them now, `ShardStore.stage`)."""
+    if call.ids_work is None or not call.store.stages:
+        return
+    with timer("ids_a2a"):
+        call.recv_slots, call.ids_work = call.ids_work.wait(), None
+    call.store.stage(call.recv_slots)
 
 
 def _backward(
@@ -118,7 +128,7 @@ def _backward(
     with timer("grad_a2a"):
         grad_sorted = apply_dispatch(grad.to(call.store.dtype).contiguous(), call.plan)
         grad_shard = _exchange(comm, grad_sorted, call.send, call.recv)
-    with timer("update"):
+    with timer(call.store.section("update")):
         call.store.apply_gradients(call.recv_slots, grad_shard, call.table_indices, skip)
     call.recv_slots = None  # a second backward through the same call is an error
 
@@ -150,7 +160,7 @@ class ShardedLookup(torch.autograd.Function):
             skip = None
             if ctx.guard is not None:  # the first wait for the other ranks: timed as such
                 with ctx.timer("grad_a2a"):
-                    skip = ctx.guard.agree(grads, ctx.calls[0].store.weight.device)
+                    skip = ctx.guard.agree(grads, ctx.calls[0].store.device)
             for call, grad in zip(ctx.calls, grads, strict=True):
                 _backward(call, ctx.comm, grad, ctx.timer, skip)
         return None, None, None, None, None

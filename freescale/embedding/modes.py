@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from freescale.embedding import input_dist
+from freescale.embedding.lookup import stage_ahead
 from freescale.embedding.prioritized import CollisionStats, PrioritizedLookup, PrioritizedSchedule
 
 if TYPE_CHECKING:
@@ -115,6 +116,9 @@ class SparseDataDist(Mode):
     def prefetch_ids(self) -> None:
         for prepared in self._pending:
             input_dist.issue_ids(prepared, self.coll.overlap_comm, self.coll._timer)
+        if self._pending:  # the next lookup's host-tier rows: gathered from now on
+            for call in self._pending[0].calls:
+                stage_ahead(call, self.coll._timer)
 
     def prefetch_waits_for_gpu(self) -> bool:
         return any(p.pending is not None for p in self._pending)

@@ -167,7 +167,7 @@ class PrioritizedSchedule:
         counts on the host here, a wait for the GPU at the start of every step.
         """
         assert call.recv_slots is not None
-        with self.timer("lookup"):
+        with self.timer(call.store.section("lookup")):
             rows = call.store.lookup(call.recv_slots)
         return self.overlap.all_to_all_v(rows, call.recv, call.send)
 
@@ -177,7 +177,7 @@ class PrioritizedSchedule:
         for d in stash:
             with self.timer("grad_a2a"):
                 grads = d.grads.wait()
-            with self.timer("update"):
+            with self.timer(d.store.section("update")):
                 d.store.apply_update(d.slots, grads, d.steps, d.skip)
 
     def discard(self, state: StepState) -> None:
@@ -228,7 +228,7 @@ class PrioritizedSchedule:
         skip = None
         if guard is not None and state.calls():
             with self.timer("grad_a2a"):  # waits for the other ranks' backward
-                skip = guard.agree(grads, state.prepared.calls[0].store.weight.device)
+                skip = guard.agree(grads, state.prepared.calls[0].store.device)
         deferred: list[tuple[ShardStore, Tensor, Tensor, Link, tuple[int, ...]]] = []
         for (g, call), grad in zip(state.calls().items(), grads, strict=True):
             grad_send = apply_dispatch(grad.to(call.store.dtype).contiguous(), call.plan)
@@ -266,7 +266,7 @@ class PrioritizedSchedule:
     ) -> None:
         with self.timer(section):
             grad_shard = self.comm.all_to_all_v(grad_send, *counts).wait()
-        with self.timer("update"):
+        with self.timer(call.store.section("update")):
             call.store.apply_update(slots, grad_shard, steps, skip)
 
     def _send_collided(self, lk: Link) -> Work:
@@ -275,7 +275,7 @@ class PrioritizedSchedule:
         send, recv = lk.counts().rows_co
         # Only the marked part: one gather, not split_marked's two.
         slots = lk.next.recv_slots.index_select(0, lk.order(lk.next_recv)[: sum(send)])
-        with self.timer("lookup"):
+        with self.timer(lk.next.store.section("lookup")):
             rows = lk.next.store.lookup(slots)
         return self.comm.all_to_all_v(rows, send, recv)
 

@@ -5,6 +5,11 @@ slot range ``[starts[t], starts[t] + sharding_t.local_rows)``. Optimizer state
 is per slot, fp32. Per-table step counters (host int64) drive the lr hook
 and Adam's bias correction.
 
+With ``placement="host"`` the weight and the optimizer state live in host
+memory (pinned on a GPU) and every read and write goes through the store's
+`HostTier` (`freescale.embedding.host_tier`); ``device`` stays the device
+lookups return rows on and updates compute on.
+
 State dict keys carry the rank and world size (``weight.rank0of2``): each
 rank saves and loads only its own shard, which is what
 ``torch.distributed.checkpoint`` needs for per-rank tensors, and a checkpoint
@@ -24,7 +29,8 @@ import torch
 from torch import Tensor, nn
 
 from freescale.embedding._ops import sum_duplicates
-from freescale.embedding.config import TableConfig
+from freescale.embedding.config import Placement, TableConfig
+from freescale.embedding.host_tier import HostTier, host_tensor
 from freescale.embedding.optim import OptimizerConfig, Scalar, apply_rows, make_state
 from freescale.embedding.sharding import RowSharding
 from freescale.jagged.ops import copy_to_host, host_to_device, side_stream, wait_for_copy
@@ -45,8 +51,11 @@ class ShardStore(nn.Module):
         rank: int,
         device: torch.device,
         seed: int = 0,
+        placement: Placement = "device",
     ) -> None:
         super().__init__()
+        self.device = torch.device(device)
+        self.placement = placement
         self.tables = list(tables)
         self.shardings = list(shardings)
         self.optimizer = optimizer
@@ -56,8 +65,15 @@ class ShardStore(nn.Module):
         sizes = [s.local_rows for s in shardings]
         self.starts = [sum(sizes[:i]) for i in range(len(sizes))]
         self.slots = sum(sizes)
-        self.register_buffer("weight", self._init_weight(device, seed), persistent=False)
-        state = make_state(optimizer, self.slots, self.dim, device)
+        self.tier: HostTier | None = None
+        weight = self._init_weight(seed)
+        if placement == "host":
+            state = _host_state(optimizer, self.slots, self.dim, self.device)
+            state_bytes = sum(v[0].numel() * v.element_size() for v in state.values() if len(v))
+            self.tier = HostTier(self.device, self.dim * weight.element_size() + state_bytes)
+        else:
+            state = make_state(optimizer, self.slots, self.dim, self.device)
+        self.register_buffer("weight", weight, persistent=False)
         self.state_names = list(state)
         for name, t in state.items():
             self.register_buffer(name, t, persistent=False)
@@ -77,13 +93,18 @@ class ShardStore(nn.Module):
         self._update_done: torch.cuda.Event | None = None  # the last fused update (`join_update`)
 
     # ---- construction --------------------------------------------------------
-    def _init_weight(self, device: torch.device, seed: int) -> Tensor:
+    def _init_weight(self, seed: int) -> Tensor:
         """Uniform(+-sqrt(1/rows)) per table, seeded by (seed, rank); depends on W.
 
         For world-size-independent initial values use `set_table`, as `swap` does.
+        A host-tier store draws them on the host (on a GPU run: other values
+        than the same table on the device; `set_table` starts are equal).
         """
-        weight = torch.empty(self.slots, self.dim, dtype=self.dtype, device=device)
-        gen = torch.Generator(device=device).manual_seed(seed * 1_000_003 + self.rank)
+        if self.placement == "host":
+            weight = host_tensor((self.slots, self.dim), self.dtype, self.device)
+        else:
+            weight = torch.empty(self.slots, self.dim, dtype=self.dtype, device=self.device)
+        gen = torch.Generator(device=weight.device).manual_seed(seed * 1_000_003 + self.rank)
         for t, start, s in zip(self.tables, self.starts, self.shardings, strict=True):
             bound = math.sqrt(1.0 / t.rows)
             weight[start : start + s.local_rows].uniform_(-bound, bound, generator=gen)
@@ -102,21 +123,48 @@ class ShardStore(nn.Module):
     # ---- training ------------------------------------------------------------
     def lookup(self, slots: Tensor) -> Tensor:
         self.join_update()
+        if self.tier is not None:
+            return self.tier.gather(self.weight, slots)
         return gather_rows(self.weight, slots)
+
+    @property
+    def stages(self) -> bool:
+        """Whether `stage` does anything (a host-tier store)."""
+        return self.tier is not None
+
+    def stage(self, slots: Tensor) -> None:
+        """The next `lookup` will be of ``slots``: a host-tier store starts
+        gathering them now (`HostTier.stage`); a device store has nothing to do."""
+        if self.tier is not None:
+            self.join_update()
+            self.tier.stage(self.weight, slots)
+
+    def section(self, name: str) -> str:
+        """The timer section of ``name`` (lookup, update) for this store's tables:
+        ``host_``-prefixed on the host tier, whose traffic is reported apart."""
+        return name if self.tier is None else f"host_{name}"
 
     def join_update(self) -> None:
         """Order the current stream after the last fused update (`_apply_fused`
         runs it on a side stream). Every read of the rows or the optimizer state
         here (lookup, state dict, table views) calls this; a device-side wait,
         the host does not block."""
-        if self._update_done is not None and self.weight.is_cuda:
-            torch.cuda.current_stream(self.weight.device).wait_event(self._update_done)
+        if self._update_done is not None and self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).wait_event(self._update_done)
 
     def _apply(self, fn: Any, recurse: bool = True) -> ShardStore:
-        """``.to()``, ``.cpu()``, ...: the tensors are read after the last update."""
+        """``.to()``, ``.cpu()``, ...: the tensors are read after the last update.
+        A host-tier store's rows and state stay on the host (its placement)."""
         self.join_update()
         self._update_done = None  # an event of the old device
-        return super()._apply(fn, recurse)
+        if self.tier is None:
+            return super()._apply(fn, recurse)
+        kept = {name: getattr(self, name) for name in ("weight", *self.state_names)}
+        super()._apply(fn, recurse)
+        for name, t in kept.items():
+            self._buffers[name] = t
+        self.tier.drop()
+        return self
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickling and deep copies read the tensors after the last update; the
@@ -183,12 +231,31 @@ class ShardStore(nn.Module):
         """
         self._follow_live_hyperparameters()
         per_table = self._per_table_scalars(steps)
-        if choose_impl(None, self.weight.device) == "triton":
+        if self.tier is not None:
+            self.tier.count_update(slots)
+        if choose_impl(None, self.device) == "triton":
             self._apply_fused(slots, grads, per_table, skip)
-            return
+        else:
+            self._apply_reference(slots, grads, per_table, skip)
+        if self.tier is not None:  # a staged next lookup re-reads what changed
+            self.tier.refresh(self.weight, slots, after=self._update_done)
+
+    def _apply_reference(
+        self,
+        slots: Tensor,
+        grads: Tensor,
+        per_table: list[tuple[float, float, float]],
+        skip: Tensor | None,
+    ) -> None:
+        """The torch path (the CPU's, and the Triton update's reference twin).
+        A host-tier store's rows are read, updated and written on the host."""
+        host = self.weight.device
+        if self.tier is not None and host != self.device:
+            slots, grads = slots.to(host), grads.to(host)
+            skip = skip.to(host) if skip is not None else None
         rows, summed = sum_duplicates(slots, grads)
         if self.frozen_slots.numel():
-            keep = ~torch.isin(rows, self.frozen_slots)
+            keep = ~torch.isin(rows, self.frozen_slots.to(rows.device))
             rows, summed = rows[keep], summed[keep]
         lr, bc = self._step_scalars(rows, per_table)
         apply_rows(self.optimizer, self.weight, self.optimizer_state(), rows, summed, lr, bc, skip)
@@ -220,12 +287,13 @@ class ShardStore(nn.Module):
             scalars: dict[str, Any] = {"lr": lr, "bc": (b1, b2)}
         else:
             by_kind = torch.tensor(list(zip(*per_table, strict=True)), dtype=torch.float32)
-            cols = host_to_device(by_kind, self.weight.device)  # rows: lr, bc1, bc2
+            cols = host_to_device(by_kind, self.device)  # rows: lr, bc1, bc2
             scalars = {"lr": cols[0], "bc": (cols[1], cols[2]), "table_bounds": self.table_bounds}
         state = list(self.optimizer_state().values())
-        side = _update_stream(self.weight.device) if self.weight.is_cuda else None
+        cuda = self.device.type == "cuda"
+        side = _update_stream(self.device) if cuda else None
         if side is not None:  # (the Triton interpreter runs on CPU tensors, in order)
-            side.wait_stream(torch.cuda.current_stream(self.weight.device))
+            side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
             triton_module("update").sparse_update(
                 self.weight, state, slots, grads, frozen=self.frozen_slots, skip=skip,
@@ -257,7 +325,7 @@ class ShardStore(nn.Module):
         if len(set(per_table)) == 1:
             lr, b1, b2 = per_table[0]
             return lr, (b1, b2)
-        table_of_row = torch.bucketize(rows, self.table_bounds, right=True)
+        table_of_row = torch.bucketize(rows, self.table_bounds.to(rows.device), right=True)
         per_table_cols = torch.tensor(per_table, dtype=torch.float64)
         cols = host_to_device(per_table_cols, rows.device)[table_of_row]
         cols = cols.to(torch.float32).unsqueeze(-1)
@@ -266,6 +334,11 @@ class ShardStore(nn.Module):
     # ---- full-table views (tests, swap, debugging) ---------------------------
     def local_global_ids(self, t: int) -> Tensor:
         return self.shardings[t].global_ids(self.rank, self.weight.device)
+
+    def full_slice(self, t: int, tensor: Tensor) -> Tensor:
+        """`table_slice` on the compute device (a host-tier shard is copied:
+        full-table reads, not training)."""
+        return self.table_slice(t, tensor).to(self.device)
 
     def set_step(self, t: int, step: int) -> None:
         """Set the update count of table ``t`` (checkpoint loading)."""
@@ -276,7 +349,10 @@ class ShardStore(nn.Module):
         self._host_steps[t] = step
 
     def table_slice(self, t: int, tensor: Tensor) -> Tensor:
+        """Table ``t``'s rows of ``tensor`` (a view: callers may write through it)."""
         self.join_update()
+        if self.tier is not None:
+            self.tier.drop()  # a write through the view would leave it stale
         start = self.starts[t]
         return tensor[start : start + self.shardings[t].local_rows]
 
@@ -332,11 +408,23 @@ class ShardStore(nn.Module):
             elif src.data_ptr() != target.data_ptr():
                 with torch.no_grad():
                     target.copy_(src)
+                if self.tier is not None:
+                    self.tier.drop()
         self._host_steps = [int(s) for s in self.steps.tolist()]
         # A store has no children: every other key under its prefix is foreign
         # (e.g. another rank's shard).
         ours = {self._key(prefix, n) for n in tensors}
         unexpected_keys.extend(k for k in state_dict if k.startswith(prefix) and k not in ours)
+
+
+def _host_state(
+    opt: OptimizerConfig, rows: int, dim: int, device: torch.device
+) -> dict[str, Tensor]:
+    """`make_state` in host memory, filled in place (no device or pageable copy)."""
+    return {
+        name: host_tensor((rows, *shape), torch.float32, device).fill_(init)
+        for name, (shape, init) in opt.state_specs(dim).items()
+    }
 
 
 def _update_stream(device: torch.device) -> torch.cuda.Stream:

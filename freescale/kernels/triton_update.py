@@ -265,7 +265,9 @@ def sparse_update(
     n, D = grads.shape[0], weight.shape[1]
     if n == 0:
         return
-    check_launchable(_apply_kernel, weight.device)
+    # On the slots' device: the weight and state may be pinned host memory
+    # (the host tier), which the kernel reads and writes over PCIe.
+    check_launchable(_apply_kernel, slots.device)
     # 32-bit keys where the table allows: half the radix sort's passes, same order.
     keys = slots.to(torch.int32) if weight.shape[0] <= torch.iinfo(torch.int32).max else slots
     sorted_slots, order = torch.sort(keys, stable=True)

@@ -34,6 +34,8 @@ MODES = ("sync", "sdd", "freescale")
 BALANCE = ("none", "fbs", "vbs", "cost")
 DEVICES = ("auto", "cpu", "cuda")
 EMB_OPTIMIZERS = ("sgd", "adagrad", "adam")
+PLACEMENTS = ("device", "host")  # `freescale.embedding.config.PLACEMENTS`
+TABLE_KEYS = ("placement",)  # embeddings.tables.<name>.<key>
 BUILTIN_MODEL = "freescale.models.sequence:build"
 LR_DECAYS = ("none", "linear", "cosine")
 BEST_METRICS = ("hr@10", "ndcg@10", "auc")
@@ -184,7 +186,8 @@ class ModelSection:
 
 @dataclass(frozen=True)
 class EmbeddingsSection:
-    """The sharded tables: their optimizer, its learning rate, the row assignment."""
+    """The sharded tables: their optimizer, its learning rate, the row assignment,
+    and per table (``tables.<name>.placement``) where its shard lives."""
 
     optimizer: str = "adagrad"
     lr: float = 0.05
@@ -194,12 +197,21 @@ class EmbeddingsSection:
     weight_decay: float = 0.0
     lr_warmup: int = 0  # updates of linear warm-up (`freescale.pipeline.lr_schedule`)
     lr_decay: str = "none"  # none | linear | cosine, to 0 at the run's last step
+    # {table: {"placement": "device" | "host"}}; set as embeddings.tables.NAME.placement=host
+    tables: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _choice("embeddings.optimizer", self.optimizer, EMB_OPTIMIZERS)
         _choice("embeddings.assignment", self.assignment, ("hashed", "block"))
         _finite("embeddings", "lr", self.lr, 0, strict=True)
         _schedule_keys("embeddings", self)
+        for name, keys in self.tables.items():
+            for key, value in keys.items():
+                _choice(f"embeddings.tables.{name}.{key}", key, TABLE_KEYS)
+                _choice(f"embeddings.tables.{name}.placement", value, PLACEMENTS)
+
+    def placements(self) -> dict[str, str]:
+        return {name: keys["placement"] for name, keys in self.tables.items() if keys}
 
 
 @dataclass(frozen=True)
@@ -669,6 +681,15 @@ class _Values:
         else:
             self.values[section][key] = value
 
+    def set_table_key(self, path: str, text: str) -> None:
+        """``embeddings.tables.NAME.KEY=VALUE`` (NAME may hold dots: a module path)."""
+        name, _, key = path.removeprefix("embeddings.tables.").rpartition(".")
+        if not name:
+            raise ValueError(f"{path!r} must look like embeddings.tables.NAME.placement")
+        tables = {k: dict(v) for k, v in self.values["embeddings"]["tables"].items()}
+        tables.setdefault(name, {})[key] = text
+        self.values["embeddings"]["tables"] = tables
+
     def build(self) -> TrainConfig:
         model = self.values["model"]
         if model["factory"] != self.base_factory:
@@ -748,6 +769,9 @@ class ConfigBuilder:
                 return
         if section in OPTION_SECTIONS and name and path not in self.types:
             self.state.set(f"{section}.options", {name: option(value)})
+            return
+        if path.startswith("embeddings.tables."):
+            self.state.set_table_key(path, value)
             return
         if path not in self.types:
             raise ValueError(

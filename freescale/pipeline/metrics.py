@@ -56,6 +56,9 @@ _FIELDS = (
     "loss_sum",  # the model's own loss, summed over this rank's candidates
     "flops",  # the model's FLOPs of this rank's batch (NaN: not counted)
     "compiled_frames",  # frames dynamo compiled during this rank's step
+    "host_tier",  # 1: this rank has host-tier tables (then the two below are reported)
+    "host_tier_ms",  # the compute stream's time in host-tier reads and updates
+    "host_tier_bytes",  # bytes the host tier moved between host and device
     *(f"feature_{name}" for name in FEATURES),
 )
 STOP = _FIELDS.index("stop")
@@ -82,6 +85,7 @@ class RankStep:
     loss_sum: float | None = None  # the model's loss when it is not BCE (None: bce_sum)
     flops: float | None = None  # the model's FLOPs of this rank's batch (None: not counted)
     compiled_frames: float = 0.0  # frames dynamo compiled during the step (dense.compile)
+    host_tier: tuple[float, float] | None = None  # (exposed ms, bytes); None: no host tier
 
     def vector(self, device: torch.device) -> torch.Tensor:
         values = [
@@ -101,6 +105,8 @@ class RankStep:
             self.bce_sum if self.loss_sum is None else self.loss_sum,
             math.nan if self.flops is None else self.flops,
             self.compiled_frames,
+            float(self.host_tier is not None),
+            *(self.host_tier or (0.0, 0.0)),
             *self.features,
         ]
         return torch.tensor(values, dtype=torch.float64, device=device)
@@ -163,6 +169,21 @@ def summarize_step(step: int, table: torch.Tensor, peak: float | None = None) ->
         # warm-up 0 under dense.compile (a recompile shows here)
         "compiled_frames": int(max(col["compiled_frames"])),
         **_throughput(col["flops"], t_iter, peak),
+        **_host_tier(col, t_iter),
+    }
+
+
+def _host_tier(col: dict[str, list[float]], t_iter: float) -> dict[str, Any]:
+    """The host tier's traffic, only in runs that place tables on the host:
+    bytes of all ranks, the compute stream's exposed part (mean over ranks),
+    and the bytes per second of step time of one rank (mean)."""
+    if not any(col["host_tier"]):
+        return {}
+    moved = col["host_tier_bytes"]
+    return {
+        "host_tier_bytes": int(sum(moved)),
+        "host_tier_exposed_ms": _mean(col["host_tier_ms"]),
+        "host_tier_gb_s": _mean(moved) / (t_iter * 1e6) if t_iter > 0 else 0.0,
     }
 
 
@@ -246,8 +267,16 @@ class RunSummary:
             "mfu_pct": known_mean("mfu_pct"),
             "peak_tflops": self.peak_tflops,
             "compiled_frames_after_warmup": sum(s.get("compiled_frames", 0) for s in measured),
+            **_host_tier_means(measured),
             **extra,
         }
+
+
+def _host_tier_means(measured: list[dict[str, Any]]) -> dict[str, float]:
+    keys = ("host_tier_bytes", "host_tier_exposed_ms", "host_tier_gb_s")
+    if not measured or keys[0] not in measured[0]:
+        return {}
+    return {k: sum(s[k] for s in measured) / len(measured) for k in keys}
 
 
 class JsonLines:

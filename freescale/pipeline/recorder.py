@@ -32,7 +32,12 @@ from freescale.pipeline.metrics import (
     gather_step,
     summarize_step,
 )
-from freescale.pipeline.timing import COLLISION_PART, SectionTimer, exposed_by_category
+from freescale.pipeline.timing import (
+    COLLISION_PART,
+    HOST_TIER_PART,
+    SectionTimer,
+    exposed_by_category,
+)
 
 
 def read_later(t: Tensor) -> Callable[[], list[float]]:
@@ -58,6 +63,14 @@ class StepRecord:
     compiled_frames: int = 0  # frames dynamo compiled during the step (`pipeline.compile`)
     eval: dict[str, float] | None = None
     collision: Callable[[], list[float]] | None = None  # freescale: C^i counts, read later
+    host_bytes: Callable[[], list[float]] | None = None  # host-tier traffic, read later
+
+    def read_later(self, collision: Tensor | None, host_bytes: Tensor | None) -> None:
+        """Keep the step's device counts (either may be None) to read at its metrics."""
+        if collision is not None:
+            self.collision = read_later(collision)
+        if host_bytes is not None:
+            self.host_bytes = read_later(host_bytes)
 
 
 class StepMetrics:
@@ -95,6 +108,7 @@ class StepMetrics:
         data_ms = sections.pop("data", 0.0)
         exposed = exposed_by_category(sections)
         collision_part = sum(sections.get(name, 0.0) for name in COLLISION_PART)
+        host_tier_ms = sum(sections.get(name, 0.0) for name in HOST_TIER_PART)
         info = rec.info
         values = rec.values()
         loss_sum = None if self.default_loss else values.pop(1)
@@ -121,6 +135,8 @@ class StepMetrics:
         )
         if rec.collision is not None:
             local.collision = tuple(rec.collision())  # type: ignore[assignment]
+        if rec.host_bytes is not None:
+            local.host_tier = (host_tier_ms, rec.host_bytes()[0])
         table = gather_step(local, self.group)
         if table[:, STOP].max() > 0 and not self.stop_agreed:
             self.stop_agreed = True  # every rank decides this in the same step

@@ -14,14 +14,24 @@ import torch
 from torch import nn
 
 from freescale.comm import make_communicator
-from freescale.embedding import SGD, Adam, RowwiseAdagrad, ShardingPlan, TableEntries, swap
+from freescale.embedding import (
+    SGD,
+    Adam,
+    RowwiseAdagrad,
+    ShardingPlan,
+    TableConfig,
+    TableEntries,
+    swap,
+)
+from freescale.embedding.collection import host_tier_bytes
+from freescale.embedding.host_tier import check_host_memory, ranks_on_host
 from freescale.embedding.modes import MODES
 from freescale.embedding.optim import OptimizerConfig
 from freescale.jagged.batch import SampleBatch
-from freescale.pipeline.config import EmbeddingsSection, PipelineSection, RunSection
+from freescale.pipeline.config import EmbeddingsSection, PipelineSection, RunSection, TrainConfig
 from freescale.pipeline.lr_schedule import lr_schedule
 from freescale.pipeline.schedule import Schedule
-from freescale.pipeline.setup import glob_escape
+from freescale.pipeline.setup import build_model, glob_escape
 from freescale.pipeline.timing import SectionTimer
 
 
@@ -43,13 +53,41 @@ def embedding_optimizer(section: EmbeddingsSection, steps: int = 0) -> Optimizer
 
 
 def sharding_plan(section: EmbeddingsSection, model: nn.Module, steps: int = 0) -> ShardingPlan:
-    """Row-wise shard exactly the modules the model names (`sharded_modules`)."""
+    """Row-wise shard exactly the modules the model names (`sharded_modules`),
+    each table where ``embeddings.tables.<name>.placement`` puts it."""
     modules = tuple(model.sharded_modules)  # type: ignore[attr-defined]
+    placements = section.placements()
+    for name in placements:  # a module path, or a table of a collection under one
+        if not any(name == p or name.startswith(p + ".") for p in modules):
+            raise ValueError(
+                f"embeddings.tables.{name} is not a table of the model's sharded_modules "
+                f"{sorted(modules)}"
+            )
     return ShardingPlan(
         optimizer=embedding_optimizer(section, steps),
         assignment=section.assignment,
         modules=tuple(glob_escape(p) for p in modules),
+        table_placements=placements,  # type: ignore[arg-type]
     )
+
+
+def check_host_tier(cfg: TrainConfig, schema: Any, model: Any, world: int) -> None:
+    """Before the model is built: the host-tier tables of this host's ranks fit in
+    its memory, or one line saying how much is needed and how much is there.
+    The model is sized on the meta device (no memory, no random numbers drawn)."""
+    section = cfg.embeddings
+    host = {name for name, p in section.placements().items() if p == "host"}
+    if not host:
+        return
+    with torch.random.fork_rng(devices=[]), torch.device("meta"):
+        model = build_model(cfg.model, schema, model)
+    tables = []
+    for path in model.sharded_modules:  # type: ignore[attr-defined]
+        m = model.get_submodule(path)
+        if path in host and isinstance(m, nn.Embedding):
+            tables.append(TableConfig(path, m.num_embeddings, m.embedding_dim, m.weight.dtype))
+    needed = host_tier_bytes([(embedding_optimizer(section), "host", tables)], world)
+    check_host_memory(needed, ranks_on_host(world))
 
 
 def schedule_name(mode: str, prioritize: str, world: int) -> str:

@@ -95,6 +95,11 @@ class SectionTimer:
 # The part of emb + grad exposure that collision rows cause (freescale mode):
 # a sub-part of the categories above, reported beside them, never added to them.
 COLLISION_PART = ("emb_a2a_collision", "grad_a2a_collision")
+# The compute stream's time in host-tier reads and updates (`ShardStore.section`):
+# the tier's exposed traffic, reported apart (it is part of compute_ms).
+HOST_TIER_PART = ("host_lookup", "host_update")
+# What a one-rank run times (it exchanges nothing): the data wait and the host tier.
+ONE_RANK_TIMED = frozenset({"data", *HOST_TIER_PART})
 
 
 def exposed_by_category(sections: dict[str, float]) -> dict[str, float]:

@@ -36,9 +36,9 @@ from freescale.pipeline.profiling import make_profiler
 from freescale.pipeline.recorder import StepMetrics, StepRecord, read_later
 from freescale.pipeline.run_state import DenseState, RunState
 from freescale.pipeline.setup import build_model, open_data, pick_device, seed_everything
-from freescale.pipeline.sparse import SparseSide
+from freescale.pipeline.sparse import SparseSide, check_host_tier
 from freescale.pipeline.sync_debug import report_host_syncs
-from freescale.pipeline.timing import SectionTimer
+from freescale.pipeline.timing import ONE_RANK_TIMED, SectionTimer
 
 
 class Trainer:
@@ -62,11 +62,12 @@ class Trainer:
         group = gloo_group(run.timeout_s) if self.world > 1 else None  # never waits for a GPU
         check_all_rows(self.source, group, self.rank, self.world)  # every row, before step 0
         self.schema = schema_of(self.source)
+        check_host_tier(cfg, self.schema, model, self.world)  # before the model takes memory
         with device:  # initialize on the device: large tables init in ms, not minutes
             self.model = build_model(cfg.model, self.schema, model).to(device)
         # One rank exchanges nothing: its communication sections would time
-        # identities. Only the data wait is read from the sections there.
-        self.timer = SectionTimer(device, frozenset({"data"}) if self.world == 1 else None)
+        # identities. Only the data wait (and the host tier's) is read there.
+        self.timer = SectionTimer(device, ONE_RANK_TIMED if self.world == 1 else None)
         self.sparse = sparse = SparseSide(
             self.model, cfg.embeddings, cfg.pipeline, run, self.world, device, self.timer
         )
@@ -191,8 +192,7 @@ class Trainer:
             values = torch.cat(on_device).double()  # fp32, bools (and fp64): exact in fp64
             frames = self.dense.step_frames  # dynamo's compiles in the step (dense.compile)
             record = StepRecord(step, info, read_later(values), self.timer.take(), handle, frames)
-            if collision is not None:
-                record.collision = read_later(collision)
+            record.read_later(collision, self.sparse.embeddings.host_tier_traffic())
             if self.evaluator.due(step, run.steps):
                 record.eval = {"step": step, **self.evaluator.heldout(step)}
             if pending is not None:

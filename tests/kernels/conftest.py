@@ -21,7 +21,7 @@ import torch
 from freescale.kernels.backend import triton_available
 
 TRITON_MODULES = (
-    "common", "bucketize", "rows", "permute", "dispatch", "collision", "small_table",
+    "common", "bucketize", "rows", "host_rows", "permute", "dispatch", "collision", "small_table",
     "hstu_attention",
     "cross_attention",
 )  # fmt: skip

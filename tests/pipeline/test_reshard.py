@@ -221,3 +221,14 @@ def test_a_user_model_of_two_tables_reshards(tmp_path):
         resumed = per_rank[0]["summary"]["resumed"]
         assert resumed == {"step": AT, "from_world_size": 2, "samples_seen": AT * 2 * 8,
                            "data_position": "step"}  # fmt: skip
+
+
+def test_a_host_table_resumes_at_another_world_size(saved, resumed):
+    """The 2-rank checkpoint of a device table resumes at 1 rank with the table on
+    the host tier (placement is where rows live, not what they are): loaded
+    exactly, then trained as on the device."""
+    ck = f"{saved[0]}/{PREFIX}{AT:08d}"
+    host = ["embeddings.tables.item_emb.placement=host"]
+    (got,) = run_ranks(_resume_rank, 1, ck, host, timeout=240)
+    _check_resumed([got], saved[1]["at_save"], 2, SEEN)
+    assert "host_tier_bytes" in got["summary"]
