@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 
 from freescale.pipeline.config import MODES, PRESETS, build_config, format_config, notice_text
@@ -61,6 +62,7 @@ def run_train(args: argparse.Namespace) -> int:
     from freescale.pipeline.setup import check_data
 
     if not under_torchrun():
+        signal.signal(signal.SIGTERM, _stopped_before_launch)  # exit 143, as later on
         check_launch(cfg)  # files, devices, the resume checkpoint
         check_data(
             cfg.data, cfg.run, cfg.run.nproc
@@ -71,6 +73,12 @@ def run_train(args: argparse.Namespace) -> int:
     # Stopped by SIGTERM after a clean step (and checkpoint): the conventional 143.
     stopped = was_stopped() or (summary is not None and summary.get("stopped"))
     return EXIT_STOPPED if stopped else 0
+
+
+def _stopped_before_launch(signum: int, frame: object) -> None:
+    from freescale.pipeline.supervise import RunStopped
+
+    raise RunStopped(signum)
 
 
 def _notice(key: str, path: str) -> None:
