@@ -33,9 +33,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         nargs="?",
         const="",
         default=None,
-        metavar="DIR",
-        help="continue from a checkpoint: DIR (a checkpoint or a checkpoint_dir, its newest);"
-        " without DIR, the newest in checkpoint_dir",
+        metavar="DIR|auto",
+        help="continue from a checkpoint: DIR (a checkpoint or a checkpoint dir, its newest);"
+        " without DIR, the newest in checkpoint.dir; 'auto': the newest in checkpoint.dir"
+        " if there is one, else start at step 0 (the same command for a first start and"
+        " a restart: torchrun --max-restarts)",
     )
     p.add_argument("--print-config", action="store_true", help="print the config and exit")
     p.set_defaults(run=run_train)

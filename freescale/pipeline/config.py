@@ -272,13 +272,18 @@ class CheckpointSection:
     dir: str = ""  # where checkpoints go; empty = none
     every: int = 0  # steps between checkpoints (0: only on SIGTERM)
     keep: int = 2  # newest complete checkpoints kept
-    resume: str = ""  # a checkpoint, or a checkpoint dir (its newest); empty = start at 0
+    # a checkpoint, or a checkpoint dir (its newest); empty = start at 0; "auto": the
+    # newest complete one in checkpoint.dir if there is one, else start at 0 (one
+    # command line for the first start and every restart: elastic jobs)
+    resume: str = ""
 
     def __post_init__(self) -> None:
         _at_least(self, "checkpoint", ("every",), 0)
         _at_least(self, "checkpoint", ("keep",), 1)
         if self.every and not self.dir:
             raise ValueError("checkpoint.every needs checkpoint.dir (where to write them)")
+        if self.resume == "auto" and not self.dir:
+            raise ValueError("checkpoint.resume=auto needs checkpoint.dir (where to look)")
 
 
 @dataclass(frozen=True)

@@ -75,13 +75,12 @@ class StepMetrics:
         timer: SectionTimer,
         group: Any,
         default_loss: bool,
-        append: bool,
     ) -> None:
         self.section, self.rank, self.mode, self.steps = section, rank, run.mode, run.steps
         self.timer, self.group, self.default_loss = timer, group, default_loss
         self.peak = peak_tflops(device, run.peak_tflops)
         self.summary = RunSummary(run.warmup, peak_tflops=self.peak)
-        self.writer = JsonLines(section.metrics_path if rank == 0 else "", append=append)
+        self.writer = JsonLines(section.metrics_path if rank == 0 else "")
         self.stop_agreed = False  # every rank saw a stop request in the same metrics gather
 
     def finish(self, rec: StepRecord, start: float, stop: bool, observe: Any, count: Any) -> None:
