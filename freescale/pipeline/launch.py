@@ -133,6 +133,19 @@ GUARD_HINT = (
 )
 
 
+def _check_main_importable() -> None:
+    """A spawned rank imports the main script again, by its path: one read from
+    standard input (``python -``) has none (every rank would fail to start)."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if getattr(main, "__spec__", None) is None and path and not os.path.isfile(path):
+        raise ValueError(
+            f"spawned ranks import the main script again, and {path!r} is not a file:"
+            " save the script to a file (with the"
+            ' `if __name__ == "__main__":` guard), or run nproc=1 or under torchrun'
+        )
+
+
 def _bootstrapping() -> bool:
     """Whether this process is a spawned child still importing its main module."""
     return bool(getattr(mp.current_process(), "_inheriting", False))
@@ -140,6 +153,7 @@ def _bootstrapping() -> bool:
 
 def _spawn(cfg: TrainConfig, job: RankJob) -> dict[str, Any] | None:
     """Spawn ``cfg.run.nproc`` ranks around a store of ours; watch them (`supervise`)."""
+    _check_main_importable()
     store = dist.TCPStore(
         "127.0.0.1",
         0,

@@ -44,7 +44,7 @@ from freescale.pipeline.rank_stderr import RankStderr
 
 EXIT_INPUT = 2  # a spawned rank's exit status after a ValueError (its line went to the launcher)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-PEER_GRACE_S = 1.0  # after a rank raised: how long a crashed peer may take to be reaped
+PEER_GRACE_S = 2.0  # after a rank raised: how long a crashed peer may take to be reaped
 
 
 class RunFailed(RuntimeError):
@@ -192,13 +192,20 @@ class Supervisor:
                 done_since = time.monotonic()
 
     def _await_a_crash(self) -> None:
-        """A rank raised: was it a peer's crash it saw? That peer is reaped within
-        ms of its death, so a short wait names the cause, not the echo."""
-        if any(r.exitcode not in (None, 0, EXIT_STOPPED) and not r.error for r in self.ranks):
-            return
-        running = [r.process.sentinel for r in self.ranks if r.exitcode is None]
-        if running:
-            wait(running, PEER_GRACE_S)
+        """A rank raised: was it a peer's end that it saw? A peer that exits on its
+        own (a crash, ``exit`` while its process group unwinds) is reaped within
+        moments of it, so a short wait names the cause, not the echo."""
+        deadline = time.monotonic() + PEER_GRACE_S
+        while True:
+            quiet = [r for r in self.ranks if not r.error]
+            if any(r.exitcode not in (None, 0, EXIT_STOPPED) for r in quiet):
+                return
+            running = [r.process.sentinel for r in quiet if r.exitcode is None]
+            remaining = deadline - time.monotonic()
+            if not running or remaining <= 0:
+                return
+            wait(running, remaining)
+            self._read()
 
     def _deadline(self, done_since: float | None) -> float | None:
         if self.stop.received is not None:

@@ -112,7 +112,11 @@ def test_a_script_without_the_main_guard_is_told_to_add_it(tmp_path):
 def test_a_script_on_standard_input_ends():
     run = run_session(python("-"), LIMIT_S + 30, stdin=textwrap.dedent(UNGUARDED))
     assert run.wall_s < LIMIT_S and run.left == [], (run.wall_s, run.left, run.stderr[-2000:])
-    assert run.returncode == 0, run.stderr[-3000:]  # no main module to import again: it trains
+    assert run.returncode == 1, run.stderr[-3000:]
+    assert run.last_line.startswith("ValueError: spawned ranks import the main script again"), (
+        run.last_line
+    )
+    assert "'<stdin>' is not a file" in run.last_line
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""An elastic job survives a lost worker (issue 43): ``torchrun --max-restarts 1
+"""A job survives a lost worker (issue 43): ``torchrun --max-restarts 1
 ... train --resume auto``, a worker SIGKILLed at step 20 of 60, the job restarts
 from the newest checkpoint and completes with the losses of an uninterrupted
 run, bit for bit; its metrics file has every step once.
@@ -6,8 +6,11 @@ run, bit for bit; its metrics file has every step once.
 The restart at another number of workers (``--nnodes 1:2``, one node lost)
 resumes through the resharding resume: from the restored step on, the losses
 are those of a run resumed at the new world size from the same checkpoint.
+And the launcher SIGKILLed again and again while it writes checkpoints never
+leaves a torn one that a restart would take.
 """
 
+import contextlib
 import json
 import os
 import signal
@@ -17,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from freescale.pipeline.checkpoint import PREFIX
+from freescale.pipeline.checkpoint import PREFIX, check_resumable, find_checkpoint, read_manifest
 from freescale.pipeline.config import build_config
 from freescale.pipeline.train import Trainer
 from freescale.testing import run_ranks
@@ -135,3 +138,47 @@ def test_a_restart_with_fewer_workers_reshards(tmp_path):
     rows = _rows(tmp_path)
     assert [s for s, _ in rows] == list(range(STEPS))
     assert rows[restored:] == resumed[0]
+
+
+@pytest.mark.slow
+def test_sigkill_while_checkpointing_never_leaves_a_torn_checkpoint(tmp_path):
+    """The launcher SIGKILLed four times in a row, each time while a checkpoint
+    is being written (every 3 steps): each restart (the same command, with
+    ``--resume auto``) takes the newest whole checkpoint; the run completes
+    with the uninterrupted run's losses, every step once."""
+    ckpt = tmp_path / "ckpt"
+    cmd = python(*_train_args(tmp_path, "faults.delay_compute_ms=20"))
+    cmd = [c.replace(f"checkpoint.every={EVERY}", "checkpoint.every=3") for c in cmd]
+    restored = []
+
+    def partials() -> set[tuple[str, int]]:
+        found = set()
+        for p in ckpt.glob(f"{PREFIX}*.partial"):
+            with contextlib.suppress(OSError):
+                found.add((p.name, p.stat().st_ino))
+        return found
+
+    def kill_while_saving(proc: subprocess.Popen) -> None:
+        left_over = partials()  # by an earlier kill: not this run's
+        deadline = time.monotonic() + LIMIT_S
+        while time.monotonic() < deadline and proc.poll() is None:
+            if partials() - left_over:
+                break
+            time.sleep(0.002)
+        proc.kill()  # the launcher only: its ranks die with it
+
+    for _ in range(4):
+        run = run_session(cmd, LIMIT_S, env=ENV, during=kill_while_saving)
+        assert run.returncode == -signal.SIGKILL, run.stderr[-3000:]
+        assert run.left == [], f"ranks outlived the launcher: {run.left}"
+        newest = find_checkpoint(ckpt)
+        if newest is not None:  # whole: every file's size and digest as its manifest says
+            check_resumable(str(newest), build_config("demo", KEYS).as_dict())
+            restored.append(read_manifest(newest)["step"])
+    print(f"launcher SIGKILLed while saving, 4 times: restarts resumed at steps {restored}")
+    assert restored == sorted(restored) and restored[-1] > 0, restored
+    run = run_session(cmd, LIMIT_S, env=ENV)
+    assert run.returncode == 0 and run.left == [], run.stderr[-3000:]
+    assert json.loads(run.stdout.strip().splitlines()[-1])["first_step"] == restored[-1]
+    reference = run_ranks(_reference_rank, 2, KEYS, timeout=LIMIT_S)[0]
+    assert _rows(tmp_path) == reference
