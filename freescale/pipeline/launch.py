@@ -22,8 +22,9 @@ What the launcher guarantees:
 - ranks die with the launcher (``PR_SET_PDEATHSIG``), SIGKILL included;
 - SIGTERM is forwarded: the ranks finish their step, checkpoint if
   configured and return their summary (``"stopped": "SIGTERM"``); the CLI
-  then exits 143. A rank not training yet ends at once; SIGINT ends every
-  rank at once; a second signal kills them (`RunStopped`: 143, 130).
+  then exits 143. A rank that has not built its trainer yet ends at once;
+  SIGINT ends every rank at once; a second signal kills them (`RunStopped`:
+  143, 130).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ Nothing is polled, and no state waits forever:
   finished, the others are killed and named.
 - **Stopped.** The first SIGTERM or SIGINT is passed on to every rank
   (SIGTERM: they finish the step, checkpoint and send their summary; a
-  rank not yet training, or SIGINT, ends at once). The ranks get
+  rank that has not built its trainer yet, or SIGINT, ends at once). The ranks get
   ``timeout_s`` to end, a second signal kills them at once. Without a
   summary the run raises `RunStopped` (exit 143 for SIGTERM, 130 for SIGINT).
 """
