@@ -110,6 +110,7 @@ class StopSignals:
         if threading.current_thread() is not threading.main_thread():
             return self  # (signals reach only the main thread's handlers)
         self.wakeup, self._notify = socket.socketpair()
+        self.wakeup.setblocking(False)
         self._notify.setblocking(False)
         self._previous_fd = signal.set_wakeup_fd(self._notify.fileno())
         for signum in STOP_SIGNALS:

@@ -102,6 +102,7 @@ def _check_guard_hint(run: Finished) -> None:
     print(f"{run.wall_s:.1f} s: {line}")
 
 
+@pytest.mark.slow
 def test_a_script_without_the_main_guard_is_told_to_add_it(tmp_path):
     script = tmp_path / "unguarded.py"
     script.write_text(textwrap.dedent(UNGUARDED))

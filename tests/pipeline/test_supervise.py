@@ -9,6 +9,8 @@ import time
 
 import pytest
 
+from freescale.pipeline.config import build_config
+from freescale.pipeline.launch import launch
 from freescale.pipeline.rank_stderr import RankStderr
 from freescale.pipeline.supervise import Rank, RunFailed, RunStopped, StopSignals, Supervisor
 
@@ -79,3 +81,12 @@ def test_sigterm_while_waiting_ends_the_run_with_143():
             Supervisor(ranks, stop, 10).run()
     assert e.value.exit_code == 143
     assert [r.exitcode for r in ranks] == [-signal.SIGTERM] * 2  # forwarded
+
+
+def test_a_rank_importing_an_unguarded_script_does_not_train_again(monkeypatch):
+    """In a spawned rank still importing the main script, `freescale.train` at its
+    top level raises at once, saying to add the guard (end to end, with the
+    launcher's line: test_rank_death.py, slow)."""
+    monkeypatch.setattr(multiprocessing.current_process(), "_inheriting", True, raising=False)
+    with pytest.raises(RuntimeError, match=r'under `if __name__ == "__main__":`$'):
+        launch(build_config("demo"))
