@@ -47,10 +47,17 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second one at exit
         return 0
     except RuntimeError as e:
+        stopped = getattr(e, "exit_code", None)  # RunStopped: SIGTERM 143, SIGINT 130
+        if stopped is not None:
+            print(f"freescale: {e}", file=sys.stderr)
+            return stopped
         if type(e).__name__ != "RunFailed":  # a rank failed: its one line (trace printed above)
             raise
         print(f"freescale: error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # SIGINT before any rank started
+        print("freescale: stopped by SIGINT", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

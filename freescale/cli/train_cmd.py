@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 
 from freescale.cli.config_args import add_config_args, config_from_args
 from freescale.pipeline.config import MODES, format_config
@@ -24,9 +25,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         nargs="?",
         const="",
         default=None,
-        metavar="DIR",
-        help="continue from a checkpoint: DIR (a checkpoint or a checkpoint_dir, its newest);"
-        " without DIR, the newest in checkpoint_dir",
+        metavar="DIR|auto",
+        help="continue from a checkpoint: DIR (a checkpoint or a checkpoint dir, its newest);"
+        " without DIR, the newest in checkpoint.dir; 'auto': the newest in checkpoint.dir"
+        " if there is one, else start at step 0 (the same command for a first start and"
+        " a restart: torchrun --max-restarts)",
     )
     p.add_argument(
         "--print-config",
@@ -57,6 +60,7 @@ def run_train(args: argparse.Namespace) -> int:
     from freescale.pipeline.setup import open_data
 
     if not under_torchrun():
+        signal.signal(signal.SIGTERM, _stopped_before_launch)  # exit 143, as later on
         check_launch(cfg)  # files, devices, the resume checkpoint
         open_data(cfg, cfg.run.nproc)  # bad data/config (run.epochs too): one line here
     summary = launch(cfg, checked=not under_torchrun())
@@ -65,3 +69,9 @@ def run_train(args: argparse.Namespace) -> int:
     # Stopped by SIGTERM after a clean step (and checkpoint): the conventional 143.
     stopped = was_stopped() or (summary is not None and summary.get("stopped"))
     return EXIT_STOPPED if stopped else 0
+
+
+def _stopped_before_launch(signum: int, frame: object) -> None:
+    from freescale.pipeline.supervise import RunStopped
+
+    raise RunStopped(signum)

@@ -50,11 +50,17 @@ def check_installed() -> None:
 class ScalarBoard:
     """TensorBoard scalars of a run in ``directory`` (empty: writes nothing).
 
-    ``append``: a resumed run (events of steps from its first on are purged)."""
+    `start` says where the run starts: a resumed run purges the events of its
+    first step and later (an attempt that died wrote them; this run writes them
+    again), as the metrics file drops those lines."""
 
-    def __init__(self, directory: str, append: bool) -> None:
-        self.directory, self.append = directory, append
-        self.writer: Any = None  # opened at the first step: its step is the purge step
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.purge: int | None = None
+        self.writer: Any = None  # opened at the first write
+
+    def start(self, first_step: int) -> None:
+        self.purge = first_step if first_step > 0 else None
 
     def write(self, record: dict[str, Any]) -> None:
         if not self.directory:
@@ -63,8 +69,7 @@ class ScalarBoard:
         if self.writer is None:
             from torch.utils.tensorboard import SummaryWriter
 
-            purge = step if self.append else None
-            self.writer = SummaryWriter(self.directory, purge_step=purge, flush_secs=10)
+            self.writer = SummaryWriter(self.directory, purge_step=self.purge, flush_secs=10)
         for tag, path in STEP_SCALARS:
             value = _lookup(record, path)
             if value is not None:

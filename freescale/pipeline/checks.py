@@ -18,12 +18,13 @@ from freescale.data.source import BUILTIN_KINDS, STREAMS
 from freescale.kernels.cudnn_attention import package_problem
 from freescale.models.contract import load_object
 from freescale.pipeline.board import check_installed
-from freescale.pipeline.checkpoint import check_resumable
+from freescale.pipeline.checkpoint import check_resumable, find_checkpoint
 from freescale.pipeline.config import TrainConfig
 from freescale.pipeline.config_file import config_toml
 from freescale.pipeline.faults import parse_ranks
 from freescale.pipeline.graphs import check_attention
 from freescale.pipeline.run_dir import check_run_dir
+from freescale.pipeline.run_state import AUTO
 
 
 def check_launch(cfg: TrainConfig, model_given: bool = False) -> None:
@@ -84,12 +85,16 @@ def check_launch(cfg: TrainConfig, model_given: bool = False) -> None:
             check_run_dir(cfg)
     if cfg.output.tensorboard:
         check_installed()
-    if cfg.checkpoint.resume:
+    resume = cfg.checkpoint.resume
+    if resume == AUTO:  # (the ranks decide again, alike, and say which: `RunState`)
+        found = find_checkpoint(cfg.checkpoint.dir)
+        resume = str(found) if found is not None else ""
+    if resume:
         # Spawning ranks here: check every file now (one line, rc 2, before any
         # rank). Under torchrun each process is a rank: they check the files
         # together, sharing the hashing, in `Checkpointer.load`.
         torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
-        check_resumable(cfg.checkpoint.resume, cfg.as_dict(), verify=not torchrun)
+        check_resumable(resume, cfg.as_dict(), verify=not torchrun)
 
 
 def _writable_dir(key: str, directory: Path) -> None:

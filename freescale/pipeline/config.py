@@ -319,7 +319,10 @@ class CheckpointSection:
     dir: str = ""  # where checkpoints go; empty = none
     every: int = 0  # steps between checkpoints (0: only on SIGTERM)
     keep: int = 2  # newest complete checkpoints kept
-    resume: str = ""  # a checkpoint, or a checkpoint dir (its newest); empty = start at 0
+    # a checkpoint, or a checkpoint dir (its newest); empty = start at 0; "auto": the
+    # newest complete one in checkpoint.dir if there is one, else start at 0 (one
+    # command line for the first start and every restart: elastic jobs)
+    resume: str = ""
 
     def __post_init__(self) -> None:
         _at_least(self, "checkpoint", ("every",), 0)
@@ -415,6 +418,10 @@ class TrainConfig:
         if self.checkpoint.every and not (self.checkpoint.dir or self.output.dir):
             raise ValueError(
                 "checkpoint.every needs checkpoint.dir (where to write them) or output.dir"
+            )
+        if self.checkpoint.resume == "auto" and not (self.checkpoint.dir or self.output.dir):
+            raise ValueError(
+                "checkpoint.resume=auto needs checkpoint.dir (where to look) or output.dir"
             )
         cap = self.balance.max_local_batch
         if cap and cap < self.run.batch_size:

@@ -10,32 +10,37 @@ What the launcher guarantees:
 
 - every value that could fail later is checked here first
   (`freescale.pipeline.checks`): a bad config is one line, before any rank;
+- it watches the ranks' processes, not only their messages
+  (`freescale.pipeline.supervise`): a rank that ends early, for any reason,
+  ends the run within the wait; the others are killed and `RunFailed` names
+  the rank with its error, or its exit code or signal and the last lines of
+  its stderr (`freescale.pipeline.rank_stderr`); a ValueError (bad data or
+  input, which the ranks agree on and raise alike) is `RankInputError`, a
+  ValueError with the rank's line as it is (CLI rc 2, as under torchrun);
+- a script that trains at its top level without the
+  ``if __name__ == "__main__":`` guard fails with one line saying so;
 - a run directory (``output.dir``, `freescale.pipeline.run_dir`) gets its
   ``config.toml`` before any rank starts and ``summary.json`` after the run;
-- a rank that raises ends the run at once: the others are killed and
-  `RunFailed` carries that rank's one-line error (its traceback went to
-  stderr when the error was not a plain input error); a ValueError (bad
-  data or input, which the ranks agree on and raise alike) is re-raised as
-  `RankInputError`, a ValueError with the rank's line as it is (CLI rc 2,
-  as under torchrun, where each rank's own ``main`` exits 2);
 - ranks die with the launcher (``PR_SET_PDEATHSIG``), SIGKILL included;
 - SIGTERM is forwarded: the ranks finish their step, checkpoint if
   configured and return their summary (``"stopped": "SIGTERM"``); the CLI
-  then exits 143.
+  then exits 143. A rank that has not built its trainer yet ends at once;
+  SIGINT ends every rank at once; a second signal kills them (`RunStopped`:
+  143, 130).
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
-import multiprocessing.connection
 import os
-import queue
+import pickle
 import signal
 import sys
-import threading
-import time
+import tempfile
 import traceback
 from datetime import timedelta
+from multiprocessing import resource_tracker
 from typing import Any
 
 import torch
@@ -45,21 +50,28 @@ import torch.multiprocessing as mp
 from freescale.pipeline.checks import check_launch
 from freescale.pipeline.config import TrainConfig
 from freescale.pipeline.export import full_state_dict
-from freescale.pipeline.liveness import EXIT_STOPPED, die_with_parent, was_stopped
+from freescale.pipeline.liveness import (
+    EXIT_STOPPED,
+    attempt_store,
+    die_with_parent,
+    was_stopped,
+)
 from freescale.pipeline.nonfinite import NonFiniteError
+from freescale.pipeline.rank_stderr import RankStderr
 from freescale.pipeline.run_dir import write_config, write_summary
+from freescale.pipeline.supervise import (
+    EXIT_INPUT,
+    Rank,
+    RankInputError,
+    RunFailed,
+    RunStopped,
+    StopSignals,
+    Supervisor,
+    kill,
+)
 from freescale.pipeline.train import Trainer
 
-
-class RunFailed(RuntimeError):
-    """A rank failed; the message names the rank and its error, on one line."""
-
-
-class RankInputError(RunFailed, ValueError):
-    """A rank raised a ValueError (bad data or input): its one line, as it is."""
-
-
-EXIT_INPUT = 2  # a spawned rank's exit status after a ValueError (its line went to the launcher)
+__all__ = ["RankInputError", "RunFailed", "RunStopped", "launch", "run_rank", "under_torchrun"]
 
 
 def _backend(cfg: TrainConfig) -> str:
@@ -87,6 +99,8 @@ def launch(
     caller ran `check_launch` already (the CLI does, before its data check);
     it is not repeated (it hashes a resumed checkpoint).
     """
+    if _bootstrapping():
+        raise RuntimeError(GUARD_HINT)
     if not checked:
         check_launch(cfg, model_given=model is not None)
     job = RankJob(model, data, state_dict)
@@ -101,9 +115,8 @@ def launch(
 def _launch(cfg: TrainConfig, job: RankJob) -> dict[str, Any] | None:
     if under_torchrun():
         die_with_parent()  # the torchrun agent
-        return _run_initialized(
-            cfg, int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), job=job
-        )
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        return _run_initialized(cfg, rank, world, _agent_store(cfg), job)
     if _backend(cfg) == "nccl" and cfg.run.nproc > torch.cuda.device_count():
         raise ValueError(f"nproc={cfg.run.nproc} but only {torch.cuda.device_count()} GPUs")
     if job.api and cfg.run.nproc == 1:
@@ -112,6 +125,48 @@ def _launch(cfg: TrainConfig, job: RankJob) -> dict[str, Any] | None:
         os.environ.setdefault("LOCAL_RANK", "0")
         store = dist.HashStore()
         return _run_initialized(cfg, 0, 1, store, job)
+    return _spawn(cfg, job)
+
+
+def _agent_store(cfg: TrainConfig) -> Any:
+    """Under torchrun with the agent's store (its default): this attempt's part of
+    it (`liveness.attempt_store`), or None: ``env://`` as torchrun set it up."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    timeout = timedelta(seconds=cfg.run.timeout_s)
+    return attempt_store(dist.TCPStore(addr, port, is_master=False, timeout=timeout))
+
+
+# A script that trains at module level, unguarded, runs again in each spawned
+# rank as Python imports it there (the spawn start method): stop it there.
+GUARD_HINT = (
+    "a rank ran the training script's top level again while starting: put the call"
+    ' to freescale.train under `if __name__ == "__main__":`'
+)
+
+
+def _check_main_importable() -> None:
+    """A spawned rank imports the main script again, by its path: one read from
+    standard input (``python -``) has none (every rank would fail to start)."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if getattr(main, "__spec__", None) is None and path and not os.path.isfile(path):
+        raise ValueError(
+            f"spawned ranks import the main script again, and {path!r} is not a file:"
+            " save the script to a file (with the"
+            ' `if __name__ == "__main__":` guard), or run nproc=1 or under torchrun'
+        )
+
+
+def _bootstrapping() -> bool:
+    """Whether this process is a spawned child still importing its main module."""
+    return bool(getattr(mp.current_process(), "_inheriting", False))
+
+
+def _spawn(cfg: TrainConfig, job: RankJob) -> dict[str, Any] | None:
+    """Spawn ``cfg.run.nproc`` ranks around a store of ours; watch them (`supervise`)."""
+    _check_main_importable()
     store = dist.TCPStore(
         "127.0.0.1",
         0,
@@ -121,99 +176,51 @@ def _launch(cfg: TrainConfig, job: RankJob) -> dict[str, Any] | None:
         timeout=timedelta(seconds=cfg.run.timeout_s),
     )
     ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    procs = [
-        ctx.Process(
-            target=_spawned,
-            args=(rank, cfg, store.port, results, os.getpid(), job),
-            daemon=False,
-        )
-        for rank in range(cfg.run.nproc)
-    ]
-    with _forward_sigterm(procs):
-        for p in procs:
-            p.start()
+    resource_tracker.ensure_running()  # now, not with rank 0's stderr
+    with JobFile(job) as job_path, StopSignals() as stop:
         try:
-            return _join(procs, results, cfg)
+            for rank in range(cfg.run.nproc):
+                if stop.received is not None:
+                    break  # stopped while starting: start no more
+                messages, rank_end = ctx.Pipe(duplex=False)
+                process = ctx.Process(
+                    target=_spawned,
+                    args=(rank, cfg, store.port, rank_end, os.getpid(), job.to_spawn(job_path)),
+                    daemon=False,
+                )
+                stderr = RankStderr()
+                with stderr.attached():
+                    process.start()
+                stderr.started()
+                rank_end.close()  # the rank holds it now: EOF when it exits
+                stop.ranks.append(Rank(rank, process, messages, stderr))
+                stop.forward()  # a signal that came while it started
+            return Supervisor(stop.ranks, stop, cfg.run.timeout_s).run()
         finally:
-            _kill(procs)
+            kill(stop.ranks)
             del store
 
 
-def _join(procs: list[Any], results: Any, cfg: TrainConfig) -> dict[str, Any] | None:
-    """Wait for the ranks; the first failure kills the rest and raises `RunFailed`."""
-    summary, errors = None, []
-    done_since: float | None = None
-    while any(p.exitcode is None for p in procs):
-        multiprocessing.connection.wait([p.sentinel for p in procs], timeout=0.5)
-        summary = _drain(results, errors, summary)
-        failed = [p for p in procs if p.exitcode not in (None, 0, EXIT_STOPPED)]
-        if failed or errors:
-            _kill(procs)
-            break
-        if done_since is None and any(p.exitcode is not None for p in procs):
-            done_since = time.monotonic()
-        if done_since is not None and time.monotonic() - done_since > cfg.run.timeout_s:
-            break  # one rank finished, another never did: don't wait forever
-    deadline = time.monotonic() + 1.0  # what a failing rank sent may still be in the pipe
-    while time.monotonic() < deadline and summary is None and not errors:
-        summary = _drain(results, errors, summary, block=0.1)
-    if errors:
-        # a rank's ValueError first: another rank's error may only be its peer gone
-        kind, rank, message = min(errors, key=lambda error: error[0] != "input")
-        if kind == "input":
-            raise RankInputError(message)
-        raise RunFailed(f"rank {rank} failed: {message}")
-    bad = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (0, EXIT_STOPPED)]
-    if bad:
-        rank, code = bad[0]
-        how = "did not finish" if code is None else f"exited with code {code}"
-        raise RunFailed(f"rank {rank} {how} (killed, or crashed without a Python error)")
-    return summary
+class JobFile:
+    """The Python API's model and data, pickled once into a private file the
+    ranks read: not through the pipe that starts a rank, where a rank that
+    dies before reading it all would block the launcher for good."""
 
+    def __init__(self, job: RankJob) -> None:
+        self.job, self.path = job, None
 
-def _drain(results: Any, errors: list, summary: Any, block: float = 0.0) -> Any:
-    while True:
-        try:
-            kind, rank, payload = results.get(timeout=block) if block else results.get_nowait()
-        except queue.Empty:
-            return summary
-        if kind == "summary":
-            summary = payload
-        elif kind == "result":  # the Python API's: tensors, loaded without running code
-            summary = torch.load(io.BytesIO(payload), weights_only=True)
-        else:
-            errors.append((kind, rank, payload))
-
-
-class _forward_sigterm:
-    """While the ranks run, SIGTERM to the launcher is passed on to each rank."""
-
-    def __init__(self, procs: list[Any]) -> None:
-        self.procs, self.previous = procs, None
-
-    def _handler(self, signum: int, frame: Any) -> None:
-        for p in self.procs:
-            if p.pid is not None and p.exitcode is None:
-                os.kill(p.pid, signal.SIGTERM)
-
-    def __enter__(self) -> _forward_sigterm:
-        if threading.current_thread() is threading.main_thread():
-            self.previous = signal.signal(signal.SIGTERM, self._handler)
-        return self
+    def __enter__(self) -> str | None:
+        if self.job.model is None and self.job.data is None:
+            return None
+        fd, self.path = tempfile.mkstemp(prefix="freescale-job-", suffix=".pkl")
+        with os.fdopen(fd, "wb") as f:
+            pickle.dump((self.job.model, self.job.data), f)
+        return self.path
 
     def __exit__(self, *exc: Any) -> None:
-        if self.previous is not None:
-            signal.signal(signal.SIGTERM, self.previous)
-
-
-def _kill(procs: list[Any]) -> None:
-    for p in procs:
-        if p.exitcode is None and p.pid is not None:
-            p.kill()
-    for p in procs:
-        if p.pid is not None:
-            p.join(timeout=5)
+        if self.path is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
 
 
 def _rank_threads(nproc: int) -> int:
@@ -226,10 +233,28 @@ def _rank_threads(nproc: int) -> int:
 
 
 class RankJob:
-    """What a rank runs besides the config: the Python API's objects."""
+    """What a rank runs besides the config: the Python API's objects (in a
+    spawned rank: read from ``path``, the launcher's `JobFile`)."""
 
-    def __init__(self, model: Any = None, data: Any = None, state_dict: bool | None = None):
-        self.model, self.data, self.state_dict = model, data, state_dict
+    def __init__(
+        self,
+        model: Any = None,
+        data: Any = None,
+        state_dict: bool | None = None,
+        path: str | None = None,
+    ) -> None:
+        self.model, self.data, self.state_dict, self.path = model, data, state_dict, path
+
+    def to_spawn(self, path: str | None) -> RankJob:
+        """What a spawned rank is given: the flags, and the file with the objects."""
+        return RankJob(state_dict=self.state_dict, path=path)
+
+    def loaded(self) -> RankJob:
+        if self.path is None:
+            return self
+        with open(self.path, "rb") as f:
+            model, data = pickle.load(f)  # written by this run's launcher
+        return RankJob(model, data, self.state_dict)
 
     @property
     def api(self) -> bool:
@@ -238,9 +263,11 @@ class RankJob:
 
 
 def _spawned(
-    rank: int, cfg: TrainConfig, port: int, results: Any, launcher: int, job: RankJob
+    rank: int, cfg: TrainConfig, port: int, messages: Any, launcher: int, job: RankJob
 ) -> None:
+    """A spawned rank: train, send the launcher the summary (rank 0) or the error."""
     die_with_parent(launcher)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ctrl-C / the launcher's SIGINT: end now
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
@@ -251,32 +278,29 @@ def _spawned(
     )
     if _backend(cfg) == "gloo":
         torch.set_num_threads(_rank_threads(cfg.run.nproc))
-    store = dist.TCPStore(
-        "127.0.0.1", port, is_master=False, timeout=timedelta(seconds=cfg.run.timeout_s)
-    )
     try:
+        job = job.loaded()
+        store = dist.TCPStore(
+            "127.0.0.1", port, is_master=False, timeout=timedelta(seconds=cfg.run.timeout_s)
+        )
         summary = _run_initialized(cfg, rank, cfg.run.nproc, store, job)
+    except SystemExit:
+        raise  # its code and what it printed reach the launcher as they are
     except BaseException as e:
         # input and non-finite errors are one line; the rest keep a trace
         if not isinstance(e, (ValueError, NonFiniteError)):
             traceback.print_exc()
         if isinstance(e, ValueError):
-            results.put(("input", rank, (str(e).splitlines() or [""])[0]))
+            messages.send(("input", (str(e).splitlines() or [""])[0]))
         else:
-            results.put(("error", rank, f"{type(e).__name__}: {e}".splitlines()[0]))
-        results.close()
-        results.join_thread()
+            messages.send(("error", f"{type(e).__name__}: {e}".splitlines()[0]))
         sys.exit(EXIT_INPUT if isinstance(e, ValueError) else 1)
     if rank == 0 and job.api:
         buffer = io.BytesIO()
         torch.save(summary, buffer)
-        results.put(("result", rank, buffer.getvalue()))
-        results.close()
-        results.join_thread()
+        messages.send(("result", buffer.getvalue()))
     elif rank == 0:
-        results.put(("summary", rank, summary))
-        results.close()
-        results.join_thread()
+        messages.send(("summary", summary))
     if was_stopped():
         sys.exit(EXIT_STOPPED)
 

@@ -73,12 +73,25 @@ def gloo_group(timeout_s: float) -> Any:
     return dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
 
 
+def attempt_store(store: Any) -> Any:
+    """``store`` with this torchrun attempt's keys apart from earlier attempts'.
+
+    torchrun restarts the workers against the same store server (its agent's),
+    where the keys of the attempt before would be read as this one's: gloo
+    connects to the dead ranks' addresses (a connect timeout), heartbeats look
+    fresh. Outside torchrun (no restart count) the store is used as it is.
+    """
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    return store if attempt is None else dist.PrefixStore(f"freescale/attempt-{attempt}/", store)
+
+
 def _store_client(timeout_s: float) -> Any:
     addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
     if not addr or not port:
         return None
     try:
-        return dist.TCPStore(addr, int(port), is_master=False, timeout=timedelta(seconds=timeout_s))
+        timeout = timedelta(seconds=timeout_s)
+        return attempt_store(dist.TCPStore(addr, int(port), is_master=False, timeout=timeout))
     except (RuntimeError, ValueError):  # no store reachable: run without heartbeats
         return None
 

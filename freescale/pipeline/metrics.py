@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -280,14 +281,26 @@ def _host_tier_means(measured: list[dict[str, Any]]) -> dict[str, float]:
 
 
 class JsonLines:
-    """Append-only JSON-lines writer (rank 0 only); no-op without a path."""
+    """JSON-lines writer of the per-step metrics (rank 0 only); no-op without a path.
 
-    def __init__(self, path: str, append: bool = False) -> None:
+    `start` opens it: a run from step 0 writes a new file; a run resumed at
+    step ``n`` keeps the lines of the steps before ``n`` (the run it continues)
+    and appends. Lines of steps ``n`` and later were written by an attempt
+    that died before its next checkpoint: this run writes those steps again,
+    so they are dropped, and the file reads as one uninterrupted run.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path) if path else None
         self.file = None
-        if path:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            # A resumed run appends to the metrics of the run it continues.
-            self.file = open(path, "a" if append else "w")  # noqa: SIM115 - kept open
+
+    def start(self, first_step: int) -> None:
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if first_step > 0 and self.path.exists():
+            _keep_steps_before(self.path, first_step)
+        self.file = open(self.path, "a" if first_step > 0 else "w")  # noqa: SIM115 - kept open
 
     def write(self, record: dict[str, Any]) -> None:
         if self.file is not None:
@@ -297,3 +310,19 @@ class JsonLines:
     def close(self) -> None:
         if self.file is not None:
             self.file.close()
+
+
+def _keep_steps_before(path: Path, first_step: int) -> None:
+    """Rewrite ``path`` (atomically) with its lines of steps before ``first_step``;
+    a torn last line (its writer killed mid-line) goes too."""
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            step = json.loads(line).get("step")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(step, int) and step < first_step:
+            kept.append(line + "\n")
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text("".join(kept))
+    os.replace(partial, path)

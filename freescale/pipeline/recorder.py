@@ -90,15 +90,13 @@ class StepMetrics:
         timer: SectionTimer,
         group: Any,
         default_loss: bool,
-        append: bool,
     ) -> None:
         self.section, self.rank, self.mode, self.steps = section, rank, run.mode, run.steps
         self.timer, self.group, self.default_loss = timer, group, default_loss
         self.peak = peak_tflops(device, run.peak_tflops)
         self.summary = RunSummary(run.warmup, peak_tflops=self.peak)
-        self.writer = JsonLines(section.metrics_path if rank == 0 else "", append=append)
-        board = section.dir if rank == 0 and section.tensorboard else ""
-        self.board = ScalarBoard(board, append=append)
+        self.writer = JsonLines(section.metrics_path if rank == 0 else "")
+        self.board = ScalarBoard(section.dir if rank == 0 and section.tensorboard else "")
         self.stop_agreed = False  # every rank saw a stop request in the same metrics gather
 
     def finish(self, rec: StepRecord, start: float, stop: bool, observe: Any, count: Any) -> None:
@@ -157,6 +155,11 @@ class StepMetrics:
         # all-reduced), so every rank takes the same decision here.
         seen = [r for r, x in enumerate(table[:, NONFINITE].tolist()) if x > 0]
         count(rec.step, bool(skipped), bool(partial), seen)
+
+    def start(self, first_step: int) -> None:
+        """The run starts at ``first_step`` (> 0: resumed; later lines and events go)."""
+        self.writer.start(first_step)
+        self.board.start(first_step)
 
     def close(self) -> None:
         self.writer.close()

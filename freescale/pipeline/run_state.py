@@ -8,13 +8,25 @@ the balancer's state, and where training stands in the data
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from torch import Tensor, nn
 
-from freescale.pipeline.checkpoint import Checkpointer, check_resumable
+from freescale.pipeline.checkpoint import (
+    Checkpointer,
+    check_resumable,
+    find_checkpoint,
+    read_manifest,
+)
 from freescale.pipeline.config import CheckpointSection
 from freescale.pipeline.position import DataPosition, resume_record, resumed_source
+from freescale.pipeline.rank_text import broadcast_text
+
+# ``checkpoint.resume=auto``: the newest complete checkpoint in ``checkpoint.dir``
+# if there is one, else a fresh start. One command line serves the first start
+# and every restart, as an elastic job (torchrun --max-restarts) needs.
+AUTO = "auto"
 
 
 class DenseState:
@@ -52,6 +64,7 @@ class RunState:
         self.world, self.batch_size = world, batch_size
         self.tables, self.replicated, self.flush = tables, replicated, flush
         self.checkpoints = Checkpointer(section.dir, section.every, section.keep, config, group)
+        self.group = group
         # Where training starts in the data (`restore` moves it), and how it continues.
         self.position = DataPosition(world_size=world)
         self.data_position = ""
@@ -59,17 +72,31 @@ class RunState:
     def restore(self, source: Any) -> tuple[int, Any]:
         """Load ``resume`` (if set, written at any world size): the first step
         to run and the source it reads from (`freescale.pipeline.position`)."""
-        if not self.section.resume:
+        resume = self._auto() if self.section.resume == AUTO else self.section.resume
+        if not resume:
             return 0, source
         # The launcher checked it already; API users get the same one-line errors.
         # The files are checked by every rank together in `Checkpointer.load`.
-        path = check_resumable(self.section.resume, self.config, verify=False)
+        path = check_resumable(resume, self.config, verify=False)
         self.position = self.checkpoints.load(path, self.tables, self.replicated)
         source, self.data_position = resumed_source(source, self.position, self.world)
         check_world = getattr(source, "check_world", None)  # a source that cannot continue
         if check_world is not None:  # there says so here, before any step
             check_world(self.world, self.batch_size)
         return self.position.step, source
+
+    def _auto(self) -> str:
+        """``resume=auto``: rank 0 looks, every rank takes its answer, rank 0 says it."""
+        found = find_checkpoint(self.section.dir) if self.checkpoints.rank == 0 else None
+        resume = broadcast_text(str(found or ""), self.group, self.world)
+        if self.checkpoints.rank == 0:
+            if resume:
+                step = read_manifest(found)["step"]
+                line = f"resuming from {resume} (step {step})"
+            else:
+                line = f"no complete checkpoint in {self.section.dir!r}: starting at step 0"
+            print(f"freescale: checkpoint.resume=auto: {line}", file=sys.stderr, flush=True)
+        return resume
 
     def resumed(self) -> dict[str, Any]:
         """The summary's ``"resumed"`` entry (`position.resume_record`)."""

@@ -83,7 +83,6 @@ class Trainer:
         )
         self.metrics = StepMetrics(
             cfg.output, self.rank, run, device, self.timer, group, self.default_loss,
-            append=bool(cfg.checkpoint.resume),
         )  # fmt: skip
         self.summary = self.metrics.summary
         self.liveness = Liveness(self.rank, self.world, run.timeout_s)
@@ -146,6 +145,7 @@ class Trainer:
 
     def _run_from(self, first: int) -> dict[str, Any] | None:
         run, workers = self.cfg.run, self.cfg.data.loader_workers
+        self.metrics.start(first)
         loader = Prefetcher(
             self.train_source, self.rank, self.world, run.batch_size, self.device,
             range(first, run.steps), delay_ms=self.faults.delay_loader_ms, model=self.model,
@@ -226,8 +226,7 @@ class Trainer:
             "first_step": first,
             "nonfinite_skipped": self.dense.nonfinite.skipped,
         }
-        if self.state.data_position:
-            extra["resumed"] = self.state.resumed()
+        extra["resumed"] = self.state.resumed() if self.state.data_position else None
         extra.update(self.dense.graph_summary())  # and dense.compile's
         if final:
             extra["eval"] = final

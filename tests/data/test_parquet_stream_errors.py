@@ -16,7 +16,8 @@ import freescale
 from freescale.data import SequenceSampling, SyntheticConfig, open_source
 from freescale.pipeline import train
 from freescale.pipeline.config import build_config
-from freescale.pipeline.launch import RankInputError, RunFailed, _join
+from freescale.pipeline.launch import RankInputError, RunFailed
+from freescale.pipeline.supervise import Rank, StopSignals, Supervisor
 from freescale.pipeline.train import Trainer
 from freescale.testing import run_ranks
 from freescale.testing.multirank import free_port
@@ -90,10 +91,8 @@ def test_the_python_api_raises_the_line(tmp_path, monkeypatch):
     assert str(e.value).startswith(want)
 
 
-def _rank_fails(results, kind: str, line: str) -> None:
-    results.put((kind, 1, line))
-    results.close()
-    results.join_thread()
+def _rank_fails(messages, kind: str, line: str) -> None:
+    messages.send((kind, line))
     os._exit(2 if kind == "input" else 1)
 
 
@@ -102,11 +101,12 @@ def test_a_ranks_value_error_is_the_launchers_value_error(kind):
     """A spawned rank's ValueError (its line, already agreed by the ranks) is a
     ValueError of the launcher, the CLI's rc 2; anything else stays `RunFailed`, rc 1."""
     ctx = multiprocessing.get_context("fork")
-    results = ctx.Queue()
-    proc = ctx.Process(target=_rank_fails, args=(results, kind, "data.parquet: row group 3: bad"))
+    messages, rank_end = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_rank_fails, args=(rank_end, kind, "data.parquet: row group 3: bad"))
     proc.start()
+    rank_end.close()
     with pytest.raises(RunFailed) as e:
-        _join([proc], results, build_config("demo"))
+        Supervisor([Rank(1, proc, messages)], StopSignals(), timeout_s=60).run()
     proc.join(timeout=10)
     if kind == "input":
         assert isinstance(e.value, RankInputError) and isinstance(e.value, ValueError)
