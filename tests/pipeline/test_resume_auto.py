@@ -50,7 +50,8 @@ def test_auto_starts_fresh_then_resumes_from_the_newest(tmp_path, capsys):
 def test_resume_auto_on_the_command_line(tmp_path, capsys):
     assert main(["train", "--resume", "auto"]) == 2
     assert capsys.readouterr().err.strip() == (
-        "freescale: error: checkpoint.resume=auto needs checkpoint.dir (where to look) or output.dir"
+        "freescale: error: checkpoint.resume=auto needs checkpoint.dir (where to look)"
+        " or output.dir"
     )
     args = ["train", "--set", f"checkpoint.dir={tmp_path}", "--resume", "auto", "--print-config"]
     assert main(args) == 0
