@@ -75,16 +75,7 @@ class DenseSync:
         # dense parameters (and the model has no buffers to broadcast).
         # Gradients as views of the all-reduce buckets: the reduced buckets are
         # the gradients, no copy back per parameter after backward (same values).
-        #
-        # DDP regroups its buckets by the first backward's gradient order; a
-        # resumed run would reduce its first step in the old grouping, where
-        # from 3 ranks on an element's sum order depends on its place in the
-        # bucket (two-term sums commute): not bit-identical to the run it
-        # resumes. Finding unused parameters (none: `cover_all`) turns the
-        # regrouping off, for one host walk of the graph per step.
-        self.ddp = DistributedDataParallel(
-            model, gradient_as_bucket_view=True, find_unused_parameters=dist.get_world_size() > 2
-        )
+        self.ddp = DistributedDataParallel(model, gradient_as_bucket_view=True)
         self.ddp.register_comm_hook(self, DenseSync._hook)
 
     def cover_all(self, loss: Tensor) -> Tensor:
