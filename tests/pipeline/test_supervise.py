@@ -18,6 +18,10 @@ CTX = multiprocessing.get_context("fork")
 
 
 def _ends(messages, how: str) -> None:
+    # A spawned rank starts with the default dispositions; a forked one inherits
+    # the test process's (pytest-xdist's worker handles SIGTERM itself).
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, signal.SIG_DFL)
     if how == "summary":
         messages.send(("summary", {"loss": 0.5}))
     elif how == "echo":  # a peer's error: it saw the other rank go
