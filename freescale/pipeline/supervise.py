@@ -157,6 +157,9 @@ def kill(ranks: list[Rank], wait_s: float = 5.0) -> None:
             rank.process.join(timeout=wait_s)
 
 
+RECHECK_S = 1.0  # the longest the watch waits without looking at the exit codes
+
+
 class Supervisor:
     """Wait for the ranks (see the module docstring); `run` returns rank 0's summary."""
 
@@ -179,8 +182,10 @@ class Supervisor:
         done_since: float | None = None
         while any(rank.exitcode is None for rank in self.ranks):
             deadline = self._deadline(done_since)
-            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
-            ready = wait(self._waitables(), timeout)
+            timeout = RECHECK_S if deadline is None else max(0.0, deadline - time.monotonic())
+            # A rank's sentinel closes only when every process holding it ends
+            # (a child it started may inherit it): recheck the exit codes anyway.
+            ready = wait(self._waitables(), min(timeout, RECHECK_S))
             if self.stop.wakeup in ready:
                 self.stop.drain()
             self._read()
