@@ -17,11 +17,12 @@ from freescale.pipeline.supervise import Rank, RunFailed, RunStopped, StopSignal
 CTX = multiprocessing.get_context("fork")
 
 
-def _ends(messages, how: str) -> None:
+def _ends(messages, ready, how: str) -> None:
     # A spawned rank starts with the default dispositions; a forked one inherits
     # the test process's (pytest-xdist's worker handles SIGTERM itself).
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, signal.SIG_DFL)
+    ready.set()
     if how == "summary":
         messages.send(("summary", {"loss": 0.5}))
     elif how == "echo":  # a peer's error: it saw the other rank go
@@ -41,7 +42,8 @@ def _ranks(*hows: str, stderr: bool = False) -> list[Rank]:
     ranks = []
     for index, how in enumerate(hows):
         messages, rank_end = CTX.Pipe(duplex=False)
-        process = CTX.Process(target=_ends, args=(rank_end, how))
+        ready = CTX.Event()
+        process = CTX.Process(target=_ends, args=(rank_end, ready, how))
         tail = RankStderr() if stderr else None
         if tail is not None:
             with tail.attached():
@@ -50,6 +52,9 @@ def _ranks(*hows: str, stderr: bool = False) -> list[Rank]:
         else:
             process.start()
         rank_end.close()
+        # A signal sent before the rank has reset its dispositions would meet the
+        # inherited handler (seen once in CI: SIGKILL after the grace, not SIGTERM).
+        assert ready.wait(10), f"stand-in rank {index} did not start"
         ranks.append(Rank(index, process, messages, tail))
     return ranks
 
