@@ -39,7 +39,7 @@ DEFAULTS = {"preset": "h200-21k", "batch_sizes": [128, 32], "impls": ["varlen", 
 def lengths_of(preset: str, batch: int, seed: int, max_uih: int | None = None):
     """(UIH lengths, candidates per sample, heads, head dim) of one batch drawn
     like the preset's synthetic data (`SyntheticSource.raw_sample`'s draws)."""
-    from freescale.pipeline.config import PRESETS
+    from freescale.config import PRESETS
 
     cfg = PRESETS[preset]()
     synthetic, _ = cfg.data.synthetic_configs(seed)

@@ -114,8 +114,8 @@ def beauty_lengths(n: int, scale: int, max_uih: int, rng: np.random.Generator) -
 
 def jagged(point: dict[str, Any], preset: str, seed: int = 0) -> Jagged:
     """The lengths of ``point`` (see the module docstring), deterministic in ``seed``."""
+    from freescale.config import build_config
     from freescale.data.synthetic import SyntheticSource
-    from freescale.pipeline.config import build_config
 
     b, law = point["batch"], point.get("lengths", preset)
     data = build_config(preset, [f"data.max_uih={point['max_uih']}"]).data

@@ -45,8 +45,8 @@ def _timed(fn: Any, batches: list[Any], device: torch.device, warmup: int) -> tu
 
 
 def measure(s: Scenario, ctx: Ctx) -> Result:
+    from freescale.config import build_config
     from freescale.data.source import schema_of
-    from freescale.pipeline.config import build_config
     from freescale.pipeline.setup import build_model, make_source
     from freescale.serving import export_model, load
     from freescale.testing.tolerance import reduction_tol

@@ -41,7 +41,7 @@ from freescale.balance import (
     WorldLengths,
     resolve_partitioner,
 )
-from freescale.pipeline.config import build_config
+from freescale.config import build_config
 from freescale.pipeline.setup import make_source
 from freescale.sim import ComputeModel, SimConfig, simulate
 from freescale.sim.calibrate import (

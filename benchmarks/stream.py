@@ -185,10 +185,10 @@ def rate_row(s: Scenario, ctx: Ctx, data: Path) -> dict[str, Any]:
     """One GPU training run on streamed data, then its loader stage alone."""
     import torch
 
-    from freescale.pipeline.config import build_config
-    from freescale.pipeline.launch import launch
+    from freescale.config import build_config
     from freescale.pipeline.loader import Prefetcher, default_workers, steps_per_read
     from freescale.pipeline.setup import make_source
+    from freescale.run.launch import launch
 
     from .train import single_rank
 

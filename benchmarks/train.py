@@ -6,9 +6,9 @@ numbers come from what a run publishes: its summary (means over post-warm-up
 steps: step time, QPS, straggler %, compute, exposed communication per
 category, data wait, collision rates, NE), its per-step metrics JSON lines,
 and, when ``trace_steps`` is given, its profiler trace (rank 0's GPU idle %
-and host ms per step, `freescale.pipeline.trace`; GPU ms and launches per
+and host ms per step, `freescale.observe.trace`; GPU ms and launches per
 step of each kernel class, ``ms_<class>`` / ``launches_<class>``,
-`freescale.pipeline.kernel_classes`). At world size 1 the run
+`freescale.observe.kernel_classes`). At world size 1 the run
 happens in this process (``in_process``), so peak GPU memory can be read.
 Model FLOPs per step, TFLOP/s per GPU and MFU are the trainer's own (its
 summary's ``step_tflop``, ``tflops``, ``mfu_pct``: null where the model counts
@@ -38,9 +38,9 @@ from typing import Any
 
 import torch
 
-from freescale.pipeline.config import build_config, trace_window
-from freescale.pipeline.launch import launch
-from freescale.pipeline.timing import CATEGORIES
+from freescale.config import build_config, trace_window
+from freescale.observe.timing import CATEGORIES
+from freescale.run.launch import launch
 
 from .runner import Ctx, Result
 from .scenario import Scenario, setting
@@ -143,8 +143,8 @@ def _steps(path: Path) -> list[dict[str, Any]]:
 def trace_numbers(path: Path, steps: str) -> dict[str, Any]:
     """Rank 0's GPU idle % over the traced steps, host ms per traced step and
     GPU ms / launches per traced step of each kernel class (summed over streams)."""
-    from freescale.pipeline.kernel_classes import kernel_times
-    from freescale.pipeline.trace import gpu_gaps, host_steps, load_trace
+    from freescale.observe.kernel_classes import kernel_times
+    from freescale.observe.trace import gpu_gaps, host_steps, load_trace
 
     if not path.exists():
         return {"gpu_idle_pct": None, "host_ms": None}

@@ -12,7 +12,7 @@ on first use:
 - `DataSchema`, `Feature` (`freescale.jagged.schema`): the data's features;
 - `SampleBatch`, `JaggedTensor`: the batch a model's ``forward`` receives;
 - `TrainConfig`, `build_config`: the run's configuration; `load_config`,
-  `config_toml`: the same as a TOML file (`freescale.pipeline.config_file`).
+  `config_toml`: the same as a TOML file (`freescale.config.files`).
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ _PUBLIC = {
     "Feature": "freescale.jagged.schema",
     "SampleBatch": "freescale.jagged.batch",
     "JaggedTensor": "freescale.jagged.tensor",
-    "TrainConfig": "freescale.pipeline.config",
-    "build_config": "freescale.pipeline.config",
-    "load_config": "freescale.pipeline.config_file",
-    "config_toml": "freescale.pipeline.config_file",
+    "TrainConfig": "freescale.config",
+    "build_config": "freescale.config",
+    "load_config": "freescale.config.files",
+    "config_toml": "freescale.config.files",
 }
 __all__ = sorted(_PUBLIC)
 

@@ -35,7 +35,7 @@ from typing import Any
 
 from torch import Tensor
 
-from freescale.pipeline.config import (
+from freescale.config import (
     ALIASES,
     BUILTIN_MODEL,
     SECTIONS,
@@ -73,13 +73,13 @@ def train(
     model section's keys other than ``factory`` are the factory's options),
     applied to ``config`` or to the ``preset``; a bad key or value is a
     one-line ValueError before anything starts. ``config``: a `TrainConfig` or a
-    TOML file (`freescale.pipeline.config_file`, read onto ``preset``). The old
+    TOML file (`freescale.config.files`, read onto ``preset``). The old
     flat keywords (``steps=100``, ``model_options={...}``) still work, with a
     DeprecationWarning.
     """
-    from freescale.pipeline.config_file import load_config
-    from freescale.pipeline.launch import launch
-    from freescale.pipeline.run_dir import in_run_dir
+    from freescale.config.files import load_config
+    from freescale.run.launch import launch
+    from freescale.run.run_dir import in_run_dir
 
     if config is None:
         cfg = build_config(preset)

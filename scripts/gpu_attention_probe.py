@@ -943,8 +943,8 @@ def dry_run(args: argparse.Namespace) -> dict[str, Any]:
 def check_source_lengths(args: argparse.Namespace, lengths: list[int]) -> str:
     """The lengths equal the h200-21k preset's synthetic source's (when importable)."""
     try:
+        from freescale.config import h200_21k
         from freescale.data.synthetic import SyntheticSource
-        from freescale.pipeline.config import h200_21k
     except ImportError as e:
         print(f"  freescale not importable ({first_line(e)}): source check skipped")
         return "skipped"

@@ -96,7 +96,7 @@ T_PRIO = (
 T_PART = ("tests/balance/test_partitioners.py",)
 T_SCALE = ("tests/balance/test_costpart_scale.py",)
 T_PLAN = ("tests/balance/test_plan.py", "tests/balance/test_balancer_fake.py")
-_METRICS = "tests/pipeline/test_metrics.py::"
+_METRICS = "tests/observe/test_metrics.py::"
 T_METRICS = (
     _METRICS + "test_step_summary_of_unequal_ranks_follows_the_definitions",
     _METRICS + "test_step_summary_of_an_idle_step_has_no_rates",
@@ -109,7 +109,7 @@ T_INPUTS = (
     "tests/pipeline/test_input_errors.py::test_find_problem_names_sample_and_value",
 )
 T_INPUTS_RUN = ("tests/pipeline/test_find_problem.py", "tests/pipeline/test_input_errors.py")
-T_RESUME = ("tests/pipeline/test_resume.py",)
+T_RESUME = ("tests/state/test_resume.py",)
 T_COMM = ("tests/comm/test_fake.py", "tests/comm/test_torch_backend.py")
 T_SMFREE = ("tests/comm/test_smfree.py",)
 T_PERMUTE = ("tests/kernels/test_permute.py", "tests/jagged/test_ops.py")
@@ -127,9 +127,9 @@ STORE = "freescale/embedding/store.py"
 UPDATE = "freescale/kernels/triton_update.py"
 PRIO = "freescale/embedding/prioritized.py"
 LINK = "freescale/embedding/collision_link.py"
-METRICS = "freescale/pipeline/metrics.py"
+METRICS = "freescale/observe/metrics.py"
 INPUTS = "freescale/pipeline/inputs.py"
-CKPT = "freescale/pipeline/checkpoint.py"
+CKPT = "freescale/state/checkpoint.py"
 
 # fmt: off
 MUTANTS: list[Mutant] = [

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from freescale.pipeline.config import build_config
+from freescale.config import build_config
 from freescale.pipeline.train import Trainer
 from freescale.testing import run_ranks
 

@@ -16,10 +16,14 @@ LAYERS = {
     "embedding": 2,
     "data": 2,
     "sim": 2,
+    "config": 3,  # it checks the built-in model's options (`freescale.models.sequence`)
     "models": 3,
+    "observe": 3,
+    "state": 3,
     "pipeline": 3,
     "torchrec": 3,
     "serving": 3,
+    "run": 4,
     "cli": 4,
     "testing": 5,
 }
@@ -104,3 +108,104 @@ def test_the_trainer_stays_a_loop_and_models_hold_model_math_only():
             if isinstance(t, ast.Attribute) and t.attr.startswith("_")
         ]
         assert not patched and "setattr(" not in path.read_text(), (path, patched)
+
+
+MAX_MODULES_PER_FOLDER = 20  # __init__.py counted
+MAX_MODULE_LINES = 450
+
+
+def test_rooms_stay_small():
+    """Issue 48: no folder of freescale/ over 20 modules, no module over 450 lines."""
+    crowded = {
+        str(folder.relative_to(ROOT)): n
+        for folder in [ROOT, *(p for p in ROOT.rglob("*") if p.is_dir())]
+        if (n := len(list(folder.glob("*.py")))) > MAX_MODULES_PER_FOLDER
+    }
+    long = {
+        str(path.relative_to(ROOT)): n
+        for path in ROOT.rglob("*.py")
+        if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert not crowded and not long, (crowded, long)
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path, root: Path, modules: set[str]) -> set[str]:
+    """The modules under ``root`` that ``path`` imports anywhere in it (inside
+    functions too): ``from a.b import c`` is ``a.b.c`` when that is a module,
+    else ``a.b``."""
+    name = _module_name(path, root)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(up + ([base] if base else []))
+            named = [f"{base}.{a.name}" for a in node.names]
+            targets = [t for t in named if t in modules] or [base]
+        else:
+            continue
+        for target in targets:
+            while target and target not in modules:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+def import_circles(root: Path) -> list[list[str]]:
+    """Every set of modules under ``root`` that import each other in a circle
+    (strongly connected components of the import graph, Tarjan's algorithm)."""
+    paths = {_module_name(p, root): p for p in root.rglob("*.py")}
+    graph = {m: _imports(p, root, set(paths)) for m, p in paths.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            members = []
+            while not members or members[-1] != v:
+                members.append(stack.pop())
+            if len(members) > 1:
+                circles.append(sorted(members))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return circles
+
+
+def test_no_module_imports_itself_through_others():
+    """Issue 48: the import graph of freescale/ has no circle, imports inside
+    functions included (a lazy import hides a circle; it does not remove it)."""
+    assert import_circles(ROOT) == []
+
+
+def test_the_circle_check_finds_one(tmp_path):
+    pkg = tmp_path / "freescale"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "a.py").write_text("from freescale.sub import b\n")
+    (pkg / "sub" / "b.py").write_text("def f():\n    from .c import x\n")
+    (pkg / "sub" / "c.py").write_text("import freescale.sub.a\n")
+    (pkg / "sub" / "d.py").write_text("from freescale.sub.a import y\n")
+    assert import_circles(pkg) == [["freescale.sub.a", "freescale.sub.b", "freescale.sub.c"]]

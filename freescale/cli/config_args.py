@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from freescale.pipeline.config import PRESETS, TrainConfig, build_config, notice_text
+from freescale.config import PRESETS, TrainConfig, build_config, notice_text
 
 
 def add_config_args(p: argparse.ArgumentParser, what: str = "override a config key") -> None:
@@ -29,18 +29,18 @@ def add_config_args(p: argparse.ArgumentParser, what: str = "override a config k
 
 def config_from_args(args: argparse.Namespace, overrides: list[str]) -> TrainConfig:
     """The config of ``--preset``, ``--config`` and ``overrides``, its empty
-    paths under ``output.dir`` (`freescale.pipeline.run_dir`); ValueError: one line."""
-    from freescale.pipeline.run_dir import in_run_dir
+    paths under ``output.dir`` (`freescale.run.run_dir`); ValueError: one line."""
+    from freescale.run.run_dir import in_run_dir
 
     if args.config is None:
         cfg = build_config(args.preset, overrides, on_deprecated=notice)
     else:
-        from freescale.pipeline.config_file import load_config
+        from freescale.config.files import load_config
 
         cfg = load_config(args.config, args.preset, overrides, on_deprecated=notice)
     return in_run_dir(cfg)
 
 
 def notice(key: str, path: str) -> None:
-    """One line per old flat key used (`freescale.pipeline.config.ALIASES`)."""
+    """One line per old flat key used (`freescale.config.ALIASES`)."""
     print(f"freescale: {notice_text(key, path)}", file=sys.stderr)

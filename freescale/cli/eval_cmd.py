@@ -7,10 +7,10 @@ import json
 from dataclasses import replace
 
 from freescale.cli.config_args import notice
-from freescale.pipeline.checkpoint import find_checkpoint, read_manifest
-from freescale.pipeline.config import CheckpointSection, OutputSection, TrainConfig
-from freescale.pipeline.config_file import load_config
-from freescale.pipeline.run_dir import in_run_dir
+from freescale.config import CheckpointSection, OutputSection, TrainConfig
+from freescale.config.files import load_config
+from freescale.run.run_dir import in_run_dir
+from freescale.state.checkpoint import find_checkpoint, read_manifest
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -54,9 +54,9 @@ def run_eval(args: argparse.Namespace) -> int:
         ),
         eval_only=True,
     )
-    from freescale.pipeline.checks import check_launch
-    from freescale.pipeline.launch import launch
     from freescale.pipeline.setup import check_data
+    from freescale.run.checks import check_launch
+    from freescale.run.launch import launch
 
     check_launch(cfg)
     check_data(cfg.data, cfg.run, cfg.run.nproc)

@@ -7,8 +7,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from freescale.pipeline.report import markdown, plot, read_metrics
-from freescale.pipeline.run_dir import METRICS
+from freescale.observe.report import markdown, plot, read_metrics
+from freescale.run.run_dir import METRICS
 
 
 def register(sub: argparse._SubParsersAction) -> None:

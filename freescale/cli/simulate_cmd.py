@@ -135,7 +135,7 @@ def _with_config(args: argparse.Namespace) -> None:
     cfg = None
     if args.config is not None:
         from freescale.cli.config_args import notice
-        from freescale.pipeline.config_file import load_config
+        from freescale.config.files import load_config
 
         cfg = load_config(args.config, on_deprecated=notice)
     for dest, get in FROM_CONFIG.items():

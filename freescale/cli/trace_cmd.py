@@ -6,7 +6,7 @@ import argparse
 import dataclasses
 import json
 
-from freescale.pipeline.trace import (
+from freescale.observe.trace import (
     format_summary,
     format_threads,
     gpu_gaps,

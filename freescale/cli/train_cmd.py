@@ -7,7 +7,7 @@ import json
 import signal
 
 from freescale.cli.config_args import add_config_args, config_from_args
-from freescale.pipeline.config import MODES, format_config
+from freescale.config import MODES, format_config
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -54,10 +54,10 @@ def run_train(args: argparse.Namespace) -> int:
     if args.print_config:
         print(format_config(cfg), end="")
         return 0
-    from freescale.pipeline.checks import check_launch
-    from freescale.pipeline.launch import launch, under_torchrun
     from freescale.pipeline.liveness import EXIT_STOPPED, was_stopped
     from freescale.pipeline.setup import open_data
+    from freescale.run.checks import check_launch
+    from freescale.run.launch import launch, under_torchrun
 
     if not under_torchrun():
         signal.signal(signal.SIGTERM, _stopped_before_launch)  # exit 143, as later on
@@ -72,6 +72,6 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def _stopped_before_launch(signum: int, frame: object) -> None:
-    from freescale.pipeline.supervise import RunStopped
+    from freescale.run.supervise import RunStopped
 
     raise RunStopped(signum)

@@ -41,7 +41,7 @@ class DataSource(Protocol):
     with global step ``step`` starting at sample ``position`` of its stream
     (`freescale.data.stream`). A run resumed at another world size uses it
     to continue at the sample it stopped at; a source without it is asked
-    for step ``n`` of the new world (`freescale.pipeline.position`). A
+    for step ``n`` of the new world (`freescale.state.position`). A
     source that reads one stream per rank has ``with_segments(segments)``
     instead: the run's world sizes by step (`freescale.data.stream_resume`).
 

@@ -5,7 +5,7 @@ Both built-in sources number their samples: sample ``p`` is a pure function of
 reads positions ``(s * W + r) * B + i`` for ``i < B``, so a run of W ranks
 has consumed ``n * W * B`` samples before step ``n``.
 
-A run resumed at another world size W' (`freescale.pipeline.position`) must
+A run resumed at another world size W' (`freescale.state.position`) must
 neither skip nor repeat samples: `starting_at` (n, p) gives the same source
 whose step ``s >= n`` reads from position ``p + (s - n) * W' * B`` on. With
 ``p = n * W' * B`` that is the unresumed numbering, position for position.

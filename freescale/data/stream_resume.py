@@ -2,7 +2,7 @@
 
 A run is a list of segments ``((n_0 = 0, W_0), (n_1, W_1), ...)``: from
 global step ``n_k`` on, ``W_k`` ranks (the checkpoint records it:
-`freescale.pipeline.position`). Rank ``r``'s stream in segment ``k`` is a
+`freescale.state.position`). Rank ``r``'s stream in segment ``k`` is a
 `RankStream`: the units carried over to it, then its shares of fresh epochs
 dealt over ``W_k`` ranks. A unit ``(epoch, W, r, w, start)`` is window ``w``
 of rank ``r``'s share of ``epoch`` at world size ``W`` (its samples in their

@@ -26,7 +26,7 @@ from freescale.balance import (
 )
 from freescale.comm import TorchCommunicator
 from freescale.jagged.batch import SampleBatch
-from freescale.pipeline.flops import count, model_flops, sized_batch
+from freescale.observe.flops import count, model_flops, sized_batch
 from freescale.pipeline.liveness import gloo_group
 from freescale.pipeline.loader import BatchInfo
 

@@ -16,14 +16,14 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
+from freescale.config import DenseSection, FaultsSection, RunSection
 from freescale.models.dropout import training_step
 from freescale.models.sequence import check_attention_device
+from freescale.observe.timing import SectionTimer
 from freescale.pipeline.compile import compile_regions, compile_state, compiled_frames
-from freescale.pipeline.config import DenseSection, FaultsSection, RunSection
 from freescale.pipeline.graphs import BlockGraphs, install_graphs
 from freescale.pipeline.lr_schedule import lr_schedule
 from freescale.pipeline.nonfinite import NonFiniteCount, skip_flags
-from freescale.pipeline.timing import SectionTimer
 
 
 class GuardedAdam(torch.optim.Adam):

@@ -5,7 +5,7 @@ all-reduced). File data: ranking metrics (`freescale.pipeline.evaluation`)
 of the first ``batches`` validation batches, and at the end every user of
 the validation and test splits with the popularity baseline.
 ``keep_best``: the final evaluation is that of the best weights
-(`freescale.pipeline.best`), reported as ``best``.
+(`freescale.state.best`), reported as ``best``.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from freescale.config import EvaluationSection
 from freescale.models.loss import bce_sum, normalized_entropy
-from freescale.pipeline.best import BestWeights
-from freescale.pipeline.config import EvaluationSection
 from freescale.pipeline.evaluation import evaluate_split, popularity_baseline
-from freescale.pipeline.run_state import DenseState
+from freescale.state.best import BestWeights
+from freescale.state.run_state import DenseState
 
 EVAL_STEP_OFFSET = 10_000_000  # held-out synthetic samples: far from any training step
 

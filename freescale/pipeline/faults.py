@@ -15,18 +15,7 @@ from typing import Any
 
 import torch
 
-
-def parse_ranks(text: str) -> set[int] | None:
-    """``"1,3"`` -> {1, 3}; ``""`` -> None (every rank). ValueError on bad input."""
-    if not text.strip():
-        return None
-    try:
-        ranks = {int(part) for part in text.split(",")}
-    except ValueError:
-        raise ValueError(f"delay_ranks must be comma-separated ranks, got {text!r}") from None
-    if min(ranks) < 0:
-        raise ValueError(f"delay_ranks must be >= 0, got {text!r}")
-    return ranks
+from freescale.config.sections import parse_ranks
 
 
 def applies(ranks_text: str, rank: int) -> bool:

@@ -35,10 +35,10 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from freescale.comm.rank_text import broadcast_text, first_problem
 from freescale.jagged.batch import CAND_IDS, CONTENT_IDS, UIH_ACTIONS, UIH_IDS, SampleBatch
 from freescale.jagged.schema import DataSchema, Feature
 from freescale.jagged.tensor import JaggedFeatures
-from freescale.pipeline.rank_text import broadcast_text, first_problem
 
 OK, OFFSETS, ID_RANGE, NONFINITE, MISSING, DATA_ERROR = range(6)
 _WIDTH = 6  # code, part, local index, sample id, value, extra

@@ -34,7 +34,7 @@ from torch.utils.data import DataLoader, Dataset
 from freescale.balance.world import NUM_FEATURES, batch_features
 from freescale.jagged.batch import SampleBatch
 from freescale.jagged.packed import PackedBatch, pack
-from freescale.pipeline.flops import count, model_flops
+from freescale.observe.flops import count, model_flops
 from freescale.pipeline.inputs import DATA_ERROR
 
 _DONE = object()

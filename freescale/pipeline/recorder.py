@@ -17,13 +17,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from freescale.config import OutputSection, RunSection
 from freescale.jagged.ops import copy_to_host, wait_for_copy
-from freescale.pipeline.board import ScalarBoard
-from freescale.pipeline.config import OutputSection, RunSection
-from freescale.pipeline.flops import peak_tflops
-from freescale.pipeline.liveness import mark_stopped
-from freescale.pipeline.loader import BatchInfo
-from freescale.pipeline.metrics import (
+from freescale.observe.board import ScalarBoard
+from freescale.observe.flops import peak_tflops
+from freescale.observe.metrics import (
     NONFINITE,
     STOP,
     JsonLines,
@@ -32,12 +30,14 @@ from freescale.pipeline.metrics import (
     gather_step,
     summarize_step,
 )
-from freescale.pipeline.timing import (
+from freescale.observe.timing import (
     COLLISION_PART,
     HOST_TIER_PART,
     SectionTimer,
     exposed_by_category,
 )
+from freescale.pipeline.liveness import mark_stopped
+from freescale.pipeline.loader import BatchInfo
 
 
 def read_later(t: Tensor) -> Callable[[], list[float]]:

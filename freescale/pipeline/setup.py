@@ -11,10 +11,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from freescale.config import DataSection, ModelSection, RunSection, TrainConfig
 from freescale.data.source import BUILTIN_KINDS, DataSource, open_source, schema_of
 from freescale.jagged.schema import DataSchema
 from freescale.models.contract import check_model, load_object
-from freescale.pipeline.config import DataSection, ModelSection, RunSection, TrainConfig
 
 
 def pick_device(run: RunSection) -> torch.device:

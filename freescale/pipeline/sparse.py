@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from freescale.comm import make_communicator
+from freescale.config import EmbeddingsSection, PipelineSection, RunSection, TrainConfig
 from freescale.embedding import (
     SGD,
     Adam,
@@ -28,11 +29,10 @@ from freescale.embedding.host_tier import check_host_memory, ranks_on_host
 from freescale.embedding.modes import MODES
 from freescale.embedding.optim import OptimizerConfig
 from freescale.jagged.batch import SampleBatch
-from freescale.pipeline.config import EmbeddingsSection, PipelineSection, RunSection, TrainConfig
+from freescale.observe.timing import SectionTimer
 from freescale.pipeline.lr_schedule import lr_schedule
 from freescale.pipeline.schedule import Schedule
 from freescale.pipeline.setup import build_model, glob_escape
-from freescale.pipeline.timing import SectionTimer
 
 
 def embedding_optimizer(section: EmbeddingsSection, steps: int = 0) -> OptimizerConfig:

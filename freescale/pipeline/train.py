@@ -20,25 +20,25 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from freescale.config import TrainConfig
 from freescale.data.source import DataSource, schema_of
 from freescale.jagged.batch import SampleBatch
 from freescale.models.contract import has_default_loss
 from freescale.models.loss import bce_loss_and_sum, bce_total
+from freescale.observe.profiling import make_profiler
+from freescale.observe.sync_debug import report_host_syncs
+from freescale.observe.timing import ONE_RANK_TIMED, SectionTimer
 from freescale.pipeline.balancing import Feed, balance_stage, host_lengths
-from freescale.pipeline.config import TrainConfig
 from freescale.pipeline.dense import DenseTraining
 from freescale.pipeline.evaluator import Evaluator
 from freescale.pipeline.faults import Faults
 from freescale.pipeline.inputs import InputAgreement, Limits, check_all_rows, find_problem
 from freescale.pipeline.liveness import Liveness, gloo_group
 from freescale.pipeline.loader import BatchInfo, Prefetcher, default_workers
-from freescale.pipeline.profiling import make_profiler
 from freescale.pipeline.recorder import StepMetrics, StepRecord, read_later
-from freescale.pipeline.run_state import DenseState, RunState
 from freescale.pipeline.setup import build_model, open_data, pick_device, seed_everything
 from freescale.pipeline.sparse import SparseSide, check_host_tier
-from freescale.pipeline.sync_debug import report_host_syncs
-from freescale.pipeline.timing import ONE_RANK_TIMED, SectionTimer
+from freescale.state.run_state import DenseState, RunState
 
 
 class Trainer:

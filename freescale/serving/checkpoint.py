@@ -8,7 +8,7 @@ ranks) under the key the *plain* model's ``state_dict`` has, beside the dense
 weights: the model the run's factory builds loads it as it is.
 
 Nothing is used before the checkpoint passes the checks ``--resume`` runs
-(`freescale.pipeline.checkpoint_files.read_checked`: sizes, SHA-256 of every
+(`freescale.state.checkpoint_files.read_checked`: sizes, SHA-256 of every
 file, plain content, the tables' index): a tampered checkpoint is refused
 with the same one line (docs/security.md).
 """
@@ -22,11 +22,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from freescale.config import BUILTIN_MODEL, TrainConfig
 from freescale.embedding.dcp_safe import SafeReader, read_metadata
 from freescale.models.contract import load_object
-from freescale.pipeline.checkpoint import find_checkpoint, read_manifest
-from freescale.pipeline.checkpoint_files import MANIFEST, TABLES, read_checked, sha256_file
-from freescale.pipeline.config import BUILTIN_MODEL, TrainConfig
+from freescale.state.checkpoint import find_checkpoint, read_manifest
+from freescale.state.checkpoint_files import MANIFEST, TABLES, read_checked, sha256_file
 
 # Factories a checkpoint may name: code FreeScale ships. Any other must be
 # named by the caller (a checkpoint never decides what code runs).

@@ -39,16 +39,16 @@ import torch
 from torch import Tensor, nn
 
 import freescale
+from freescale.config import TrainConfig
 from freescale.data.source import BUILTIN_KINDS, schema_of
 from freescale.jagged.batch import SampleBatch
 from freescale.jagged.schema import DataSchema
 from freescale.models.contract import check_model
-from freescale.pipeline.checkpoint_files import sha256_file
-from freescale.pipeline.config import TrainConfig
 from freescale.pipeline.setup import make_source
 from freescale.serving import checkpoint as ck
 from freescale.serving.failure import explain
 from freescale.serving.signature import Signature
+from freescale.state.checkpoint_files import sha256_file
 
 PROGRAM, PACKAGE, MANIFEST = "model.pt2", "model_aoti.pt2", "manifest.json"
 FORMAT = 1

@@ -19,9 +19,9 @@ import torch
 from torch import Tensor
 
 from freescale.jagged.batch import SampleBatch
-from freescale.pipeline.checkpoint_files import sha256_file
 from freescale.serving.exporter import FORMAT, MANIFEST, PACKAGE, PROGRAM
 from freescale.serving.signature import Signature
+from freescale.state.checkpoint_files import sha256_file
 
 
 class Served:

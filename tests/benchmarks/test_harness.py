@@ -50,7 +50,7 @@ def test_config_keys_come_from_the_one_mapping():
 def test_the_mapped_keys_are_config_keys_today():
     """Every right-hand side of keys.toml is a key the training config knows (a
     value it refuses is fine here; an unknown key is not)."""
-    from freescale.pipeline.config import build_config
+    from freescale.config import build_config
 
     for target in config_keys().values():
         try:

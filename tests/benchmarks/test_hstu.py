@@ -14,9 +14,9 @@ import torch
 from benchmarks import hstu, runner
 from benchmarks.runner import Ctx
 from benchmarks.scenario import load
+from freescale.config import build_config
 from freescale.data.synthetic import SyntheticSource
 from freescale.models import hstu_attention as hattn
-from freescale.pipeline.config import build_config
 
 FAKE_PEER = '''
 import torch

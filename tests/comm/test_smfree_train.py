@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from freescale.pipeline.config import build_config
+from freescale.config import build_config
 from freescale.pipeline.train import Trainer
 from freescale.testing import run_ranks
 from tests.pipeline.test_train import assert_same_run

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from freescale.pipeline.config import build_config
+from freescale.config import build_config
 
 ROOT = Path(__file__).resolve().parents[2]
 

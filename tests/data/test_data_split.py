@@ -209,8 +209,8 @@ def test_one_trained_model_scores_the_same_on_the_split_and_in_memory(split_dir)
     """Train 2 steps on the split (the trainer evaluates it), then the plain
     model on both sources: the same users, HR@10, NDCG@10, popularity baseline."""
     import freescale
+    from freescale.config import build_config
     from freescale.data.source import schema_of
-    from freescale.pipeline.config import build_config
     from freescale.pipeline.evaluation import evaluate_split, popularity_baseline
     from freescale.pipeline.setup import build_model
 

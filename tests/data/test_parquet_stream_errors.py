@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 import freescale
+from freescale.config import build_config
 from freescale.data import SequenceSampling, SyntheticConfig, open_source
 from freescale.pipeline import train
-from freescale.pipeline.config import build_config
-from freescale.pipeline.launch import RankInputError, RunFailed
-from freescale.pipeline.supervise import Rank, StopSignals, Supervisor
 from freescale.pipeline.train import Trainer
+from freescale.run.launch import RankInputError, RunFailed
+from freescale.run.supervise import Rank, StopSignals, Supervisor
 from freescale.testing import run_ranks
 from freescale.testing.multirank import free_port
 

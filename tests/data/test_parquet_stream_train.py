@@ -9,10 +9,10 @@ import math
 import pytest
 import torch
 
+from freescale.config import build_config
 from freescale.data.parquet_stream import split_sample_id
-from freescale.pipeline.checkpoint import PREFIX
-from freescale.pipeline.config import build_config
 from freescale.pipeline.train import Trainer
+from freescale.state.checkpoint import PREFIX
 from freescale.testing import run_ranks
 from tests.data.test_parquet_stream import write_logs
 

@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 
 from freescale.data.stream_resume import check_segments
-from freescale.pipeline.position import DataPosition, add_segment, resume_record, resumed_source
+from freescale.state.position import DataPosition, add_segment, resume_record, resumed_source
 from tests.data.test_parquet_stream import _all_samples, _source, write_logs
 
 pytest.importorskip("pyarrow")

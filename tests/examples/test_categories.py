@@ -18,9 +18,9 @@ import torch
 
 import freescale
 from examples.categories import CATEGORY, WithCategories, build, category_of, data, write_parquet
+from freescale.config import build_config
 from freescale.data import open_source
 from freescale.data.source import schema_of
-from freescale.pipeline.config import build_config
 from freescale.pipeline.setup import check_data
 from freescale.pipeline.train import Trainer
 from freescale.testing import run_ranks

@@ -7,7 +7,7 @@ import torch
 pytest.importorskip("torchrec")
 
 from examples.torchrec_style import build
-from freescale.pipeline.config import build_config
+from freescale.config import build_config
 from freescale.pipeline.train import Trainer
 from freescale.testing import run_ranks
 

@@ -22,15 +22,15 @@ import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
 
+from freescale.config import build_config
 from freescale.jagged.batch import UIH_IDS
 from freescale.kernels import cudnn_attention as ca
 from freescale.kernels import cudnn_graphs as cg
 from freescale.models import ModelConfig, SequenceModel, bce_loss
 from freescale.models import attention as att
 from freescale.models.sequence import BlockStack, check_attention_device
-from freescale.pipeline.checks import check_launch
-from freescale.pipeline.config import build_config
 from freescale.pipeline.graphs import GraphedStack, check_attention
+from freescale.run.checks import check_launch
 from freescale.testing.batches import random_batch
 from freescale.testing.tolerance import reduction_tol
 from tests.models.test_layout_once import fake_varlen_attn

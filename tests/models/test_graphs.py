@@ -16,10 +16,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from freescale.config import build_config
 from freescale.jagged.batch import UIH_ACTIONS, UIH_IDS
 from freescale.models import ModelConfig, SequenceModel, bce_loss
-from freescale.pipeline.checks import check_launch
-from freescale.pipeline.config import build_config
 from freescale.pipeline.graphs import (
     SIZES_PER_OCTAVE,
     BlockGraphs,
@@ -32,6 +31,7 @@ from freescale.pipeline.graphs import (
     install_graphs,
     padded_inputs,
 )
+from freescale.run.checks import check_launch
 from freescale.testing.batches import random_batch
 from freescale.testing.tolerance import adam_drift, assert_reordered_close, steps_tol
 from tests.models.test_layout_once import BLOCK_DEPTH, fake_varlen_attn

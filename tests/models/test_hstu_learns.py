@@ -2,9 +2,9 @@
 
 import pytest
 
+from freescale.config import build_config
 from freescale.jagged.schema import DataSchema
 from freescale.models.hstu import HSTUModel, build
-from freescale.pipeline.config import build_config
 from freescale.pipeline.setup import build_model
 from freescale.pipeline.train import Trainer
 from freescale.testing import run_ranks

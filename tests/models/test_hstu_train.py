@@ -6,7 +6,7 @@ it learns, and the configuration names it)."""
 import pytest
 import torch
 
-from freescale.pipeline.config import build_config
+from freescale.config import build_config
 from freescale.pipeline.train import Trainer
 from freescale.testing import run_ranks
 

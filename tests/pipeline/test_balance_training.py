@@ -14,10 +14,10 @@ from unittest import mock
 import pytest
 import torch
 
+from freescale.config import build_config
 from freescale.pipeline.balancing import BalanceStage
-from freescale.pipeline.config import build_config
-from freescale.pipeline.launch import launch
 from freescale.pipeline.train import Trainer
+from freescale.run.launch import launch
 from freescale.testing import run_ranks
 from freescale.testing.tolerance import adam_drift, steps_tol
 from tests.models.test_layout_once import BLOCK_DEPTH

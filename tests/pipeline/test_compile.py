@@ -21,11 +21,11 @@ import torch
 import torch.fx.experimental._config as shapes
 from torch import nn
 
+from freescale.config import DenseSection, build_config
 from freescale.jagged.batch import UIH_IDS
 from freescale.models.hstu import HSTUConfig, HSTUModel
 from freescale.models.sequence import ModelConfig, SequenceModel
 from freescale.pipeline.compile import compile_regions, compile_state, compiled_frames, regions
-from freescale.pipeline.config import DenseSection, build_config
 from freescale.testing.batches import random_batch
 from freescale.testing.tolerance import assert_reordered_close
 

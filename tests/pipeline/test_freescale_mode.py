@@ -43,7 +43,7 @@ def test_freescale_mode_reports_collisions_and_less_exposed_embedding_comm():
 
 
 def _schedule_and_collisions(overrides: list[str]) -> tuple[str, str, float]:
-    from freescale.pipeline.config import build_config
+    from freescale.config import build_config
     from freescale.pipeline.train import Trainer
 
     trainer = Trainer(build_config("demo", [*overrides, "output.progress=false"]))

@@ -8,9 +8,9 @@ from dataclasses import replace
 import pytest
 import torch
 
+from freescale.config import build_config
 from freescale.jagged.batch import UIH_ACTIONS
 from freescale.jagged.tensor import JaggedFeatures
-from freescale.pipeline.config import build_config
 from freescale.pipeline.inputs import Limits, find_problem
 from freescale.pipeline.train import Trainer
 from freescale.testing import run_ranks

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from freescale.pipeline.checkpoint import find_checkpoint, read_manifest
+from freescale.state.checkpoint import find_checkpoint, read_manifest
 
 pytestmark = pytest.mark.slow
 

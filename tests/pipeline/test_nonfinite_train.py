@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from freescale.pipeline.config import build_config
+from freescale.config import build_config
 from freescale.pipeline.nonfinite import NonFiniteError
 from freescale.pipeline.train import Trainer
 from freescale.testing import run_ranks

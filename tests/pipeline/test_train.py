@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from freescale.pipeline.config import build_config
+from freescale.config import build_config
 from freescale.pipeline.train import Trainer
 from freescale.testing import run_ranks
 

@@ -6,14 +6,14 @@ import math
 import pytest
 import torch
 
-from freescale.pipeline.best import BestWeights
-from freescale.pipeline.config import EvaluationSection, build_config
+from freescale.config import EvaluationSection, build_config
 from freescale.pipeline.dense import GuardedAdam
 from freescale.pipeline.lr_schedule import LrSchedule
 from freescale.pipeline.setup import make_source, resolve_epochs
 from freescale.pipeline.train import Trainer
+from freescale.state.best import BestWeights
 from freescale.testing import run_ranks
-from tests.pipeline.test_resume import COMMON, _assert_same, _resume_rank, _state
+from tests.state.test_resume import COMMON, _assert_same, _resume_rank, _state
 
 OPTIONS = [
     "model.emb_dropout=0.3", "model.attn_dropout=0.2", "model.ffn_dropout=0.2",

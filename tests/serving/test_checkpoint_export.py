@@ -16,11 +16,11 @@ import torch.distributed as dist
 
 import freescale
 from freescale.cli.main import main
+from freescale.config import build_config
 from freescale.models.sequence import build
-from freescale.pipeline.checkpoint import check_resumable
-from freescale.pipeline.config import build_config
 from freescale.serving import load
 from freescale.serving.loader import read_manifest
+from freescale.state.checkpoint import check_resumable
 from freescale.testing.batches import random_batch
 from freescale.testing.tolerance import assert_reordered_close
 

@@ -1,0 +1,71 @@
+"""A run's configuration: one frozen section per component, presets, keys.
+
+Each section (`sections`) is validated once, in its ``__post_init__``
+(ValueError with one clear sentence), in the launching process before any
+rank starts, and handed whole to the component that owns it: ``run`` (the
+job), ``data`` (the data source), ``model`` (the factory and its options:
+the model checks those itself), ``embeddings`` (the sharded tables),
+``dense`` (the dense optimizer), ``balance``, ``pipeline`` (schedule and
+communication), ``evaluation``, ``checkpoint``, ``faults`` (injected faults
+and the non-finite guard) and ``output``. `TrainConfig` holds them.
+
+A config is a preset (`presets`, `recipes`) with ``section.key=value``
+settings on top (`builder`: ``--set``; `files`: a TOML file); the flat keys
+of the old single-dataclass config keep working for one release through
+`aliases` (a deprecation notice per old key).
+"""
+
+from freescale.config.aliases import ALIASES, SHORTHANDS, notice_text, resolve_alias
+from freescale.config.builder import ConfigBuilder, build_config, known_keys
+from freescale.config.files import config_toml, format_config, load_config
+from freescale.config.presets import PRESETS, h200_8k, h200_21k
+from freescale.config.sections import (
+    BUILTIN_MODEL,
+    MODES,
+    SECTIONS,
+    BalanceSection,
+    CheckpointSection,
+    DataSection,
+    DenseSection,
+    EmbeddingsSection,
+    EvaluationSection,
+    FaultsSection,
+    ModelSection,
+    OutputSection,
+    PipelineSection,
+    RunSection,
+    trace_window,
+)
+from freescale.config.train_config import TrainConfig
+
+__all__ = [
+    "ALIASES",
+    "BUILTIN_MODEL",
+    "MODES",
+    "PRESETS",
+    "SECTIONS",
+    "SHORTHANDS",
+    "BalanceSection",
+    "CheckpointSection",
+    "ConfigBuilder",
+    "DataSection",
+    "DenseSection",
+    "EmbeddingsSection",
+    "EvaluationSection",
+    "FaultsSection",
+    "ModelSection",
+    "OutputSection",
+    "PipelineSection",
+    "RunSection",
+    "TrainConfig",
+    "build_config",
+    "config_toml",
+    "format_config",
+    "h200_8k",
+    "h200_21k",
+    "known_keys",
+    "load_config",
+    "notice_text",
+    "resolve_alias",
+    "trace_window",
+]
