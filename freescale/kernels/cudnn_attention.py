@@ -6,7 +6,7 @@
 the candidate cross-attention stays on varlen. Measured on one H200 (bf16,
 4 heads of 64, the h200-21k preset's 32-sample batch, 140,488 tokens):
 fwd+bwd 3.59 ms vs 5.13 ms for FlashAttention-2 varlen, the same error
-against float32 (`scripts/gpu_attention_probe.py`, docs/notes/cudnn-attention.md).
+against float32 (benchmarks/results/attention-probe.json, docs/notes/cudnn-attention.md).
 
 The graphs (`freescale.kernels.cudnn_graphs`) take the packed rows as they
 are: per-sample int64 ragged offsets and int32 lengths are bound at run time,

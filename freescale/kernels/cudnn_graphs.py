@@ -1,8 +1,9 @@
 """cuDNN SDPA graphs of causal self-attention on the packed (THD) layout: their
 declaration only (no torch, no device), so the frontend can validate and lower
-them on a machine without a GPU (``scripts/gpu_cudnn_attention.py --cpu-check``).
+them on a machine without a GPU (the removed ``scripts/gpu_cudnn_attention.py
+--cpu-check`` did; in git history at 38f0471).
 
-The layout is the one `scripts/gpu_attention_probe.py` measured as its
+The layout is the one the issue-32 probe measured as its
 "ragged stats, int64 offsets" variant (docs/notes/cudnn-attention.md): the
 model's packed ``(T, H, D)`` rows are declared ``(B, H, S, D)`` with the
 strides of ``(B, S, H, D)`` and each sample's start given by a ragged offset

@@ -203,7 +203,7 @@ def _apply_kernel(
         # Warps hold copies of the row (and all of them the scalar state): none
         # may store before every one has loaded, or a late load reads the new
         # value and updates twice (seen on an H200: ~4 % of Adagrad updates of
-        # 400k ids had one row off; scripts/gpu_update_apply.py).
+        # 400k ids had one row off; docs/LOG.md, "a race in the apply kernel").
         tl.debug_barrier()
         if DECAY == 1:  # L2: the decay term joins the gradient
             g = g + weight_decay * w
