@@ -46,8 +46,17 @@ from typing import Any
 import numpy as np
 
 from freescale.data.columnar import MAX_ACTIONS, _pyarrow
-from freescale.data.convert import PART, check_output, clear_output, list_array
-from freescale.data.parquet_stream import OPTIONAL, Files, _list_files, _metadata_int, scan_files
+from freescale.data.parquet_files import (
+    OPTIONAL,
+    PART,
+    Files,
+    check_output,
+    clear_output,
+    list_array,
+    list_files,
+    metadata_int,
+    scan_files,
+)
 from freescale.data.progress import Progress
 from freescale.data.readers import DataFormatError
 
@@ -109,7 +118,7 @@ def split(
     spec = src.removeprefix("parquet-stream:")
     if read_marker(spec) is not None:
         raise ValueError(f"data split: {spec} is already a split (it has {MARKER})")
-    filesystem, paths = _list_files(spec)
+    filesystem, paths = list_files(spec)
     with filesystem.open_input_file(paths[0]) as f:
         schema = pq.read_schema(f)
     standard = {"items", *OPTIONAL, LATER}
@@ -209,7 +218,7 @@ def _check_apart(spec: str, dst: str | Path) -> None:
 
 
 def _setting(files: Files, key: str, given: int | None, option: str, default: int | None) -> int:
-    value = _metadata_int(files, key, None)
+    value = metadata_int(files, key, None)
     if value is not None and given is not None and given != value:
         raise ValueError(
             f"data split: {option} {given} but {files.paths[0]} has freescale.{key}={value}"

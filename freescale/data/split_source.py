@@ -27,7 +27,8 @@ import numpy as np
 import torch
 
 from freescale.data.columnar import _pyarrow
-from freescale.data.parquet_stream import ParquetStreamSource, scan_files
+from freescale.data.parquet_files import scan_files
+from freescale.data.parquet_stream import ParquetStreamSource
 from freescale.data.readers import DataFormatError, UserHistory
 from freescale.data.sequences import SPLITS, SequenceSampling, evaluation_sample
 from freescale.data.split import LATER, MARKER, PARTS, flat_lists, join, read_marker
