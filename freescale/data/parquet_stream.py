@@ -53,7 +53,7 @@ directory of ``freescale data split`` evaluates: `freescale.data.split_source`).
 
 Checks: footers at construction (`parquet_files.scan_files`); then, before step 0, every
 row (``data.check=on``, the default; `check_rows`, `freescale.data.stream_check`:
-the rules of `columnar._history` and `_check_range`, vectorized per row group,
+the rules of `columnar._history` and `_check_range`, `freescale.data.rows`, per row group,
 the row groups shared between the ranks, the first problem in piece order
 raised by every rank, one line ``PATH: row group G, row R: WHY``, CLI rc 2).
 ``data.check=off`` skips that pass: a bad row then fails at the step whose
@@ -74,7 +74,9 @@ import torch
 from freescale.data.columnar import MAX_ACTIONS, _as_ints, _history, _pyarrow, parse_features
 from freescale.data.parquet_files import ID_BITS, metadata_int, scan_files
 from freescale.data.readers import DataFormatError, UserHistory
+from freescale.data.rows import RowRules, first_bad_row, list_columns
 from freescale.data.sequences import SequenceSampling, training_sample, training_targets
+from freescale.data.stream_check import check_rounds
 from freescale.data.stream_resume import SegmentedStream
 from freescale.data.synthetic import samples_to_batch
 from freescale.jagged.batch import SampleBatch
@@ -159,8 +161,6 @@ class ParquetStreamSource(SegmentedStream):
     def check_rows(self, rank: int, world_size: int) -> Any:
         """This rank's share of the check of every row before step 0, one yield per
         round (`freescale.data.stream_check`); nothing with ``data.check=off``."""
-        from freescale.data.stream_check import check_rounds
-
         return check_rounds(self, rank, world_size) if self.check else iter(())
 
     def batch(self, step: int, rank: int, world_size: int, batch_size: int) -> SampleBatch:
@@ -279,17 +279,14 @@ class ParquetStreamSource(SegmentedStream):
 
     def _histories(self, piece: int) -> list[tuple[int, UserHistory]]:
         """(row in file, checked history) of every row of a piece: numpy slices of
-        whole columns (`stream_check.batch_problem` checks all rows at once); a
-        record batch with a bad row goes through the per-row reference, whose
-        error names it."""
-        from freescale.data.stream_check import ListColumn, RowRules, batch_problem
-
+        whole columns (`rows.first_bad_row` checks all rows at once); a record
+        batch with a bad row goes through the per-row reference, whose error names it."""
         table = self._read(piece, self.files.columns)
         rules, first, out = RowRules.of(self), int(self.files.piece_first[piece]), []
         for batch in table.to_batches():
-            if batch_problem(batch, rules) is not None:
+            columns = list_columns(batch, self.files.columns)
+            if first_bad_row(columns, rules) is not None:
                 return self._reference_histories(piece, table)
-            columns = {c: ListColumn.of(batch.column(c)) for c in self.files.columns}
             out += _sliced_histories(columns, first + len(out), self.extra)
         return out
 
