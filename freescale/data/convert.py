@@ -19,15 +19,14 @@ and the file metadata ``freescale.num_items``, ``freescale.num_actions``,
 ``freescale.source`` (the spec read) and, with features,
 ``freescale.features`` (``NAME:uih:ROWS,...``, the value to give ``data.features``).
 
-`check_output` / `clear_output` are shared with `freescale.data.split`: a
-destination that exists and is not empty is refused unless ``force``, and
-``force`` only ever replaces what a previous run of the same command wrote.
+The destination is checked as ``freescale data split``'s is
+(`freescale.data.parquet_files.check_output`): one that exists and is not
+empty is refused unless ``force``, and ``force`` only ever replaces what a
+previous run of the same command wrote.
 """
 
 from __future__ import annotations
 
-import re
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -35,53 +34,11 @@ from typing import Any
 import numpy as np
 
 from freescale.data.columnar import _pyarrow, parse_features
+from freescale.data.events import convert_events
+from freescale.data.parquet_files import PART, PART_RE, check_output, clear_output, list_array
 from freescale.data.progress import Progress
 from freescale.data.readers import SequenceDataset, check_file
-
-PART = "part-{:05d}.parquet"
-PART_RE = re.compile(r"part-\d{5}\.parquet")
-
-
-def check_output(dst: str | Path, owned: Callable[[str], bool], force: bool, what: str) -> Path:
-    """``dst`` as a Path if ``what`` may write there: absent, an empty directory,
-    or (``force``) a directory holding only names ``owned`` (an earlier output)."""
-    dst = Path(dst)
-    if "://" in str(dst):
-        raise ValueError(f"{what}: DST {dst} must be a local directory")
-    if dst.exists() and not dst.is_dir():
-        raise ValueError(f"{what}: DST {dst} exists and is not a directory")
-    entries = sorted(p.name for p in dst.iterdir()) if dst.exists() else []
-    if entries and not force:
-        raise ValueError(
-            f"{what}: DST {dst} is not empty ({len(entries)} entries): choose a new or empty "
-            "directory, or --force to replace an earlier output of this command"
-        )
-    foreign = [name for name in entries if not owned(name)]
-    if foreign:
-        raise ValueError(
-            f"{what}: --force replaces only an earlier output of this command, but DST {dst} "
-            f"also holds {foreign[0]!r}: remove it yourself"
-        )
-    return dst
-
-
-def clear_output(dst: Path, owned: Callable[[str], bool]) -> None:
-    """Remove the ``owned`` entries of ``dst`` (checked by `check_output`) and create it."""
-    if dst.exists():
-        for entry in dst.iterdir():
-            if owned(entry.name):
-                shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
-    dst.mkdir(parents=True, exist_ok=True)
-
-
-def list_array(lengths: np.ndarray, values: np.ndarray, value_type: Any = None) -> Any:
-    """A list array of ``values`` cut by ``lengths`` (large offsets when needed)."""
-    pa = _pyarrow()
-    offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
-    flat = pa.array(values, type=value_type)
-    if offsets[-1] < 2**31:
-        return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), flat)
-    return pa.LargeListArray.from_arrays(pa.array(offsets), flat)
+from freescale.data.source import READERS
 
 
 def convert(
@@ -94,8 +51,6 @@ def convert(
     say: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Write ``spec``'s users to ``dst`` (module docstring); a summary of what was written."""
-    from freescale.data.source import READERS
-
     kind, _, path = spec.partition(":")
     if kind not in (*READERS, "events") or not path:
         specs = " | ".join(f"{k}:PATH" for k in (*READERS, "events"))
@@ -103,8 +58,6 @@ def convert(
     if files < 1 or row_group < 1:
         raise ValueError(f"--files and --row-group must be >= 1, got {files}, {row_group}")
     if kind == "events":  # one row per event, out of core (`freescale.data.events`)
-        from freescale.data.events import convert_events
-
         if features:
             raise ValueError("--features: events: data carry no extra columns yet")
         out = check_output(dst, PART_RE.fullmatch, force, "data convert")

@@ -25,17 +25,12 @@ from typing import Any
 import numpy as np
 
 from freescale.data.columnar import _pyarrow
+from freescale.data.parquet_files import PART, list_array, list_files
 from freescale.data.readers import DataFormatError
 
 COLUMNS = ("user_id", "item_id", "timestamp")
 OPTIONAL = ("action",)
 FLUSH_EVENTS = 4_000_000  # events held before whole users are written out
-
-
-def _files(spec: str) -> tuple[Any, list[str]]:
-    from freescale.data.parquet_stream import _list_files
-
-    return _list_files(spec)
 
 
 def _open(filesystem: Any, path: str) -> Any:
@@ -103,12 +98,10 @@ def convert_events(
     spec: str, dst: Path, row_group: int, progress: Callable[..., None]
 ) -> dict[str, Any]:
     """Write ``spec``'s events to ``dst`` (already checked and cleared) per user."""
-    from freescale.data.convert import PART
-
     pa = _pyarrow()
     import pyarrow.parquet as pq
 
-    filesystem, paths = _files(spec)
+    filesystem, paths = list_files(spec)
     num_items, num_actions = _sizes(filesystem, paths)
     if not num_items:
         raise ValueError(f"data convert: {spec} holds no event")
@@ -170,8 +163,6 @@ def convert_events(
 
 def _flush(writer: Any, pending: list, row_group: int, counts: tuple[int, int, int]) -> tuple:
     """Write the whole users of ``pending`` (events of each in timestamp order)."""
-    from freescale.data.convert import list_array
-
     pa = _pyarrow()
     users, events, groups = counts
     if not pending:

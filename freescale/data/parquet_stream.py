@@ -51,9 +51,9 @@ the row groups every old rank read (their ``items`` column).
 No held-out evaluation: ``evaluation.every`` is skipped with a note (a split
 directory of ``freescale data split`` evaluates: `freescale.data.split_source`).
 
-Checks: footers at construction (`scan_files`); then, before step 0, every
+Checks: footers at construction (`parquet_files.scan_files`); then, before step 0, every
 row (``data.check=on``, the default; `check_rows`, `freescale.data.stream_check`:
-the rules of `columnar._history` and `_check_range`, vectorized per row group,
+the rules of `columnar._history` and `_check_range`, `freescale.data.rows`, per row group,
 the row groups shared between the ranks, the first problem in piece order
 raised by every rank, one line ``PATH: row group G, row R: WHY``, CLI rc 2).
 ``data.check=off`` skips that pass: a bad row then fails at the step whose
@@ -66,17 +66,17 @@ stream (Parquet decoding repeated per worker) and builds only its own steps.
 
 from __future__ import annotations
 
-import glob
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from freescale.data.columnar import MAX_ACTIONS, _as_ints, _history, _pyarrow, parse_features
+from freescale.data.parquet_files import ID_BITS, metadata_int, scan_files
 from freescale.data.readers import DataFormatError, UserHistory
+from freescale.data.rows import RowRules, first_bad_row, list_columns
 from freescale.data.sequences import SequenceSampling, training_sample, training_targets
+from freescale.data.stream_check import check_rounds
 from freescale.data.stream_resume import SegmentedStream
 from freescale.data.synthetic import samples_to_batch
 from freescale.jagged.batch import SampleBatch
@@ -84,123 +84,11 @@ from freescale.jagged.schema import DataSchema, Feature
 
 OPTIONS = ("features", "shuffle_buffer", "num_actions", "check")
 DEFAULT_SHUFFLE_BUFFER = 10_000  # rows per shuffle window
-OPTIONAL = ("actions", "timestamps")
-ID_BITS = (15, 32, 16)  # sample id: file, row in file, target number
 
 
 def split_sample_id(sample_id: int) -> tuple[int, int, int]:
     """(file index, row in file, target number) of a streamed sample's id."""
     return sample_id >> 48, (sample_id >> 16) & (2**32 - 1), sample_id & (2**16 - 1)
-
-
-@dataclass(frozen=True)
-class Files:
-    """The data's files (sorted) and their row groups, from the footers only."""
-
-    filesystem: Any
-    paths: list[str]
-    columns: list[str]  # the list columns read: items, the optional ones present, features
-    piece_file: np.ndarray  # per row group: its file index
-    piece_group: np.ndarray  # its row group number in the file
-    piece_rows: np.ndarray  # its rows
-    piece_first: np.ndarray  # its first row's index in the file
-    metadata: dict[str, str]  # the first file's ``freescale.*`` keys
-
-
-def _list_files(spec: str) -> tuple[Any, list[str]]:
-    pa = _pyarrow()
-    import pyarrow.fs as pafs
-
-    if "://" in spec:
-        try:
-            filesystem, root = pafs.FileSystem.from_uri(spec)
-        except (pa.ArrowException, OSError, ValueError) as e:
-            raise DataFormatError(spec, None, str(e).splitlines()[0]) from None
-    else:
-        filesystem, root = pafs.LocalFileSystem(), str(Path(spec).absolute())
-        if any(c in spec for c in "*?["):
-            paths = sorted(p for p in glob.glob(root, recursive=True) if Path(p).is_file())
-            if not paths:
-                raise DataFormatError(spec, None, "the pattern matches no file")
-            return filesystem, paths
-    info = filesystem.get_file_info(root)
-    if info.type == pafs.FileType.NotFound:
-        raise DataFormatError(spec, None, "no such file or directory")
-    if info.type == pafs.FileType.File:
-        return filesystem, [root]
-    import pyarrow.dataset as ds
-
-    paths = sorted(ds.dataset(root, filesystem=filesystem, format="parquet").files)
-    if not paths:
-        raise DataFormatError(spec, None, "a directory with no Parquet file")
-    return filesystem, paths
-
-
-def scan_files(spec: str, extra: list[str]) -> Files:
-    """Every file's footer: its schema checked (``items`` and ``extra`` present,
-    every list column a list of integers, the same optional columns in every
-    file), its row groups listed. One-line `DataFormatError` naming the file."""
-    pa = _pyarrow()
-    import pyarrow.parquet as pq
-
-    filesystem, paths = _list_files(spec)
-    if len(paths) >= 2 ** ID_BITS[0]:
-        raise DataFormatError(spec, None, f"{len(paths)} files: at most {2 ** ID_BITS[0] - 1}")
-    columns: list[str] | None = None
-    pieces: list[tuple[int, int, int, int]] = []
-    metadata: dict[str, str] = {}
-    for k, path in enumerate(paths):
-        try:
-            with filesystem.open_input_file(path) as f:
-                meta = pq.ParquetFile(f).metadata
-            schema = meta.schema.to_arrow_schema()
-        except (pa.ArrowException, OSError) as e:
-            raise DataFormatError(path, None, str(e).splitlines()[0]) from None
-        names = schema.names
-        if "items" not in names and "item_id" in names:  # the one-row-per-event layout
-            raise DataFormatError(
-                path, None, "one row per event (item_id): write one row per user with "
-                "`freescale data convert events:PATH DST`, then stream DST",
-            )  # fmt: skip
-        for c in ("items", *extra):
-            if c not in names:
-                raise DataFormatError(path, None, f"no {c!r} column (columns: {names})")
-        mine = ["items", *(c for c in OPTIONAL if c in names), *extra]
-        if columns is None:
-            columns = mine
-            metadata = {
-                key.decode(): value.decode()
-                for key, value in (schema.metadata or {}).items()
-                if key.startswith(b"freescale.")
-            }
-        elif mine != columns:
-            raise DataFormatError(path, None, f"columns {mine} differ from {columns} of {paths[0]}")
-        for c in mine:
-            t = schema.field(c).type
-            if not (
-                (pa.types.is_list(t) or pa.types.is_large_list(t))
-                and pa.types.is_integer(t.value_type)
-            ):
-                raise DataFormatError(path, None, f"column {c!r} is {t}, not a list of integers")
-        if meta.num_rows >= 2 ** ID_BITS[1]:
-            raise DataFormatError(path, None, f"{meta.num_rows} rows: at most 2**32 - 1 per file")
-        first = 0
-        for g in range(meta.num_row_groups):
-            rows = meta.row_group(g).num_rows
-            if rows:
-                pieces.append((k, g, rows, first))
-            first += rows
-    table = np.array(pieces, dtype=np.int64).reshape(-1, 4)
-    return Files(filesystem, paths, columns or [], *table.T.copy(), metadata)
-
-
-def _metadata_int(files: Files, key: str, given: int | None) -> int | None:
-    text = files.metadata.get(f"freescale.{key}")
-    if text is None:
-        return given
-    if not (text.isascii() and text.isdigit()) or int(text) < 1:
-        raise DataFormatError(files.paths[0], None, f"metadata freescale.{key}={text!r}: not >= 1")
-    return int(text)
 
 
 class ParquetStreamSource(SegmentedStream):
@@ -234,10 +122,10 @@ class ParquetStreamSource(SegmentedStream):
         self.extra = [name for name, _, _ in wanted]
         self.files = scan_files(spec, self.extra)
         self.spec = spec
-        self.num_items = _metadata_int(self.files, "num_items", num_items)
+        self.num_items = metadata_int(self.files, "num_items", num_items)
         given = None if num_actions is None else _positive("data.num_actions", num_actions)
         default = MAX_ACTIONS if "actions" in self.files.columns else 1
-        self.num_actions = _metadata_int(self.files, "num_actions", given) or default
+        self.num_actions = metadata_int(self.files, "num_actions", given) or default
         self.features = tuple(Feature(name, "uih", rows) for name, _, rows in wanted)
         self.rows = {name: rows for name, _, rows in wanted}
         self.schema = DataSchema.standard(self.num_items, self.num_actions, self.features)
@@ -273,8 +161,6 @@ class ParquetStreamSource(SegmentedStream):
     def check_rows(self, rank: int, world_size: int) -> Any:
         """This rank's share of the check of every row before step 0, one yield per
         round (`freescale.data.stream_check`); nothing with ``data.check=off``."""
-        from freescale.data.stream_check import check_rounds
-
         return check_rounds(self, rank, world_size) if self.check else iter(())
 
     def batch(self, step: int, rank: int, world_size: int, batch_size: int) -> SampleBatch:
@@ -393,17 +279,14 @@ class ParquetStreamSource(SegmentedStream):
 
     def _histories(self, piece: int) -> list[tuple[int, UserHistory]]:
         """(row in file, checked history) of every row of a piece: numpy slices of
-        whole columns (`stream_check.batch_problem` checks all rows at once); a
-        record batch with a bad row goes through the per-row reference, whose
-        error names it."""
-        from freescale.data.stream_check import ListColumn, RowRules, batch_problem
-
+        whole columns (`rows.first_bad_row` checks all rows at once); a record
+        batch with a bad row goes through the per-row reference, whose error names it."""
         table = self._read(piece, self.files.columns)
         rules, first, out = RowRules.of(self), int(self.files.piece_first[piece]), []
         for batch in table.to_batches():
-            if batch_problem(batch, rules) is not None:
+            columns = list_columns(batch, self.files.columns)
+            if first_bad_row(columns, rules) is not None:
                 return self._reference_histories(piece, table)
-            columns = {c: ListColumn.of(batch.column(c)) for c in self.files.columns}
             out += _sliced_histories(columns, first + len(out), self.extra)
         return out
 

@@ -27,10 +27,10 @@ Out of core: one input row group at a time (read, checked, sorted by
 a row group. SRC file ``k`` becomes ``part-0000k.parquet`` of each output;
 ``train`` keeps SRC's row groups. Every list column of SRC (lists of
 integers, one per event) is cut with the events; other columns
-(``user_id``) are copied per row. Rows are checked as the stream checks
-them (equal list lengths, no null, no negative id, items below
-``num_items``, actions below ``num_actions``), one line naming the file,
-row group and row. ``num_items`` / ``num_actions``: SRC's metadata
+(``user_id``) are copied per row. Rows are checked by the stream's checker
+(`freescale.data.rows`: no null, equal list lengths, no negative id, items
+below ``num_items``, actions below ``num_actions``), one line naming the
+file, row group and row. ``num_items`` / ``num_actions``: SRC's metadata
 ``freescale.num_items`` / ``freescale.num_actions``, else the options (the
 stream's defaults for actions); every output file's metadata carries them.
 """
@@ -46,10 +46,20 @@ from typing import Any
 import numpy as np
 
 from freescale.data.columnar import MAX_ACTIONS, _pyarrow
-from freescale.data.convert import PART, check_output, clear_output, list_array
-from freescale.data.parquet_stream import OPTIONAL, Files, _list_files, _metadata_int, scan_files
+from freescale.data.parquet_files import (
+    OPTIONAL,
+    PART,
+    Files,
+    check_output,
+    clear_output,
+    list_array,
+    list_files,
+    metadata_int,
+    scan_files,
+)
 from freescale.data.progress import Progress
 from freescale.data.readers import DataFormatError
+from freescale.data.rows import RowRules, first_bad_row, list_columns
 
 HOLDOUT = 2  # leave-one-out: the validation and the test event
 PARTS = {"train": "train", "valid": "validation", "test": "test"}  # split -> directory
@@ -57,6 +67,7 @@ MARKER = "_split.json"
 LATER = "later_items"  # validation rows: the items after the target (the test item)
 FORMAT = "freescale-split/1"
 OWNED = {*PARTS.values(), MARKER}
+LIMITS = ("--num-items / freescale.num_items", "--num-actions / freescale.num_actions")
 
 
 def join(spec: str, name: str) -> str:
@@ -109,7 +120,7 @@ def split(
     spec = src.removeprefix("parquet-stream:")
     if read_marker(spec) is not None:
         raise ValueError(f"data split: {spec} is already a split (it has {MARKER})")
-    filesystem, paths = _list_files(spec)
+    filesystem, paths = list_files(spec)
     with filesystem.open_input_file(paths[0]) as f:
         schema = pq.read_schema(f)
     standard = {"items", *OPTIONAL, LATER}
@@ -131,7 +142,7 @@ def split(
         "freescale.num_items": str(num_items),
         "freescale.num_actions": str(num_actions),
     }
-    limits = {"items": num_items, "actions": num_actions}
+    rules = RowRules(files.columns, extra, num_items, num_actions, {}, limits_from=LIMITS)
     totals = dict.fromkeys(("users", "eval_users", "users_dropped", "events", "train_events"), 0)
     progress, pieces, done = Progress(say, unit="row group"), len(files.piece_rows), 0
     for k, path in enumerate(files.paths):
@@ -152,7 +163,7 @@ def split(
                 for g in range(source.metadata.num_row_groups):
                     table = source.read_row_group(g)
                     where = (path, g, first)
-                    cut = _cut(table, where, files.columns, limits, schemas)
+                    cut = _cut(table, where, rules, schemas)
                     for split_name, part_table in cut.items():
                         if part_table.num_rows:
                             writers[split_name].write_table(part_table)
@@ -209,7 +220,7 @@ def _check_apart(spec: str, dst: str | Path) -> None:
 
 
 def _setting(files: Files, key: str, given: int | None, option: str, default: int | None) -> int:
-    value = _metadata_int(files, key, None)
+    value = metadata_int(files, key, None)
     if value is not None and given is not None and given != value:
         raise ValueError(
             f"data split: {option} {given} but {files.paths[0]} has freescale.{key}={value}"
@@ -258,25 +269,21 @@ def _dropped_events(table: Any, evaluated: int) -> int:
 def _cut(
     table: Any,
     where: tuple[str, int, int],
-    columns: list[str],
-    limits: dict[str, int],
+    rules: RowRules,
     schemas: dict[str, Any],
 ) -> dict[str, Any]:
     """One row group -> its train, validation and test tables."""
     pa = _pyarrow()
     path, group, first = where
-
-    def fail(row: int, why: str) -> DataFormatError:
-        return DataFormatError(path, f"row group {group}, row {first + row}", why)
-
-    lists = {c: flat_lists(table.column(c).combine_chunks(), c, fail) for c in columns}
+    columns = list_columns(table, rules.columns)
+    found = first_bad_row(columns, rules)
+    if found is not None:
+        row, why = found
+        raise DataFormatError(path, f"row group {group}, row {first + row}", why)
+    lists = {
+        c: (col.lengths(), col.values.astype(np.int64, copy=False)) for c, col in columns.items()
+    }
     lengths = lists["items"][0]
-    for c, (n, values) in lists.items():
-        differ = np.flatnonzero(n != lengths)
-        if differ.size:
-            r = int(differ[0])
-            raise fail(r, f"{c} has {n[r]} values, items has {lengths[r]}")
-        _check_values(c, values, lengths, limits, fail)
     row_of = np.repeat(np.arange(lengths.size), lengths)
     if "timestamps" in lists:  # events in time order within each row (stable), as the stream
         stamps = lists["timestamps"][1]
@@ -311,43 +318,6 @@ def _cut(
             arrays.append(_typed_list(ones, lists["items"][1][last], schema.field(LATER).type))
         out[split_name] = pa.Table.from_arrays(arrays, schema=schema)
     return out
-
-
-def flat_lists(array: Any, column: str, fail: Callable[[int, str], Exception]) -> tuple[Any, Any]:
-    """(lengths, int64 values) of a list column; no null list, no null value."""
-    import pyarrow.compute as pc
-
-    if array.null_count:
-        row = int(np.flatnonzero(array.is_null().to_numpy(zero_copy_only=False))[0])
-        raise fail(row, f"{column} is empty (null)")
-    lengths = pc.list_value_length(array).to_numpy(zero_copy_only=False).astype(np.int64)
-    flat = array.flatten()
-    if flat.null_count:
-        k = int(np.flatnonzero(flat.is_null().to_numpy(zero_copy_only=False))[0])
-        row = int(np.searchsorted(np.cumsum(lengths), k, side="right"))
-        raise fail(row, f"{column} value None is not an integer")
-    return lengths, flat.to_numpy(zero_copy_only=False).astype(np.int64)
-
-
-def _check_values(
-    column: str,
-    values: np.ndarray,
-    lengths: np.ndarray,
-    limits: dict[str, int],
-    fail: Callable[[int, str], Exception],
-) -> None:
-    limit = limits.get(column)
-    bad = (values < 0) if limit is None else (values < 0) | (values >= limit)
-    if not bad.any():
-        return
-    k = int(np.flatnonzero(bad)[0])
-    row = int(np.searchsorted(np.cumsum(lengths), k, side="right"))
-    v = int(values[k])
-    if limit is not None and v >= 0:
-        setting = f"freescale.{'num_items' if column == 'items' else 'num_actions'}"
-        raise fail(row, f"{column} value {v} is outside 0..{limit - 1} ({setting})")
-    what = {"items": "item", "timestamps": "timestamp"}.get(column)
-    raise fail(row, f"negative {what} {v}" if what else f"{column} value {v} is negative")
 
 
 def _typed_list(lengths: np.ndarray, values: np.ndarray, list_type: Any) -> Any:

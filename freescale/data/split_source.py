@@ -27,10 +27,12 @@ import numpy as np
 import torch
 
 from freescale.data.columnar import _pyarrow
-from freescale.data.parquet_stream import ParquetStreamSource, scan_files
+from freescale.data.parquet_files import scan_files
+from freescale.data.parquet_stream import ParquetStreamSource
 from freescale.data.readers import DataFormatError, UserHistory
+from freescale.data.rows import ListColumn, RowRules, first_bad_row, list_columns
 from freescale.data.sequences import SPLITS, SequenceSampling, evaluation_sample
-from freescale.data.split import LATER, MARKER, PARTS, flat_lists, join, read_marker
+from freescale.data.split import LATER, MARKER, PARTS, join, read_marker
 from freescale.data.synthetic import samples_to_batch
 from freescale.jagged.batch import SampleBatch
 
@@ -53,11 +55,12 @@ def open_stream(
 
 
 class HeldOut:
-    """The rows of ``validation/`` or ``test/``, by global row number (one row group held)."""
+    """The rows of ``validation/`` or ``test/``, by global row number (one row group held),
+    checked as the stream checks its rows (``rules``: the training stream's)."""
 
-    def __init__(self, spec: str, extra: list[str], later: bool, num_items: int) -> None:
-        self.files = scan_files(spec, [*extra, *([LATER] if later else [])])
-        self.extra, self.later, self.num_items = extra, later, num_items
+    def __init__(self, spec: str, rules: RowRules, later: bool) -> None:
+        self.files = scan_files(spec, [*rules.extra, *([LATER] if later else [])])
+        self.rules, self.extra, self.later = rules, rules.extra, later
         self.starts = np.concatenate([[0], np.cumsum(self.files.piece_rows)]).astype(np.int64)
         self.rows = int(self.starts[-1])
         self._held: tuple[int, dict[str, tuple[np.ndarray, np.ndarray]]] | None = None
@@ -100,23 +103,39 @@ class HeldOut:
         def fail(row: int, why: str) -> DataFormatError:
             return DataFormatError(path, f"row group {group}, row {first + row}", why)
 
-        out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        for c in self.files.columns:  # items first
-            lengths, values = flat_lists(table.column(c).combine_chunks(), c, fail)
-            if c == "items":
-                ok = lengths >= 1
-            else:
-                ok = lengths == (1 if c == LATER else np.diff(out["items"][0]))
-            if not ok.all():
-                r = int(np.flatnonzero(~ok)[0])
-                raise fail(r, f"{c} has {lengths[r]} values: not a row of freescale data split")
-            out[c] = (np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64), values)
-        for c in ("items", LATER):
-            values = out[c][1] if c in out else np.zeros(0, dtype=np.int64)
-            if values.size and not 0 <= int(values.min()) <= int(values.max()) < self.num_items:
-                why = f"{c}: an item id outside 0..{self.num_items - 1}"
-                raise DataFormatError(path, f"row group {group}", why)
-        return out
+        columns = list_columns(table, self.files.columns)  # items first
+        later = columns.pop(LATER, None)
+        found = first_bad_row(columns, self.rules)
+        if found is not None:
+            raise fail(*found)
+        empty = columns["items"].lengths() == 0
+        if empty.any():
+            raise fail(
+                int(np.argmax(empty)), "items has 0 values: not a row of freescale data split"
+            )
+        if later is not None:
+            r = _not_one_item(later, self.rules.num_items)
+            if r is not None:
+                why = f"{LATER} is not one item id in 0..{self.rules.num_items - 1}"
+                raise fail(r, f"{why}: not a row of freescale data split")
+            columns[LATER] = later
+        return {
+            c: (col.offsets, col.values.astype(np.int64, copy=False)) for c, col in columns.items()
+        }
+
+
+def _not_one_item(later: ListColumn, num_items: int) -> int | None:
+    """The first row of a ``later_items`` column that is not one item id, else None."""
+    bad = later.lengths() != 1
+    if later.null_rows is not None:
+        bad |= later.null_rows
+    flags = (later.values < 0) | (later.values >= num_items)
+    if later.null_values is not None:
+        flags |= later.null_values
+    row = later.row_of(flags)
+    if row is not None:
+        bad[row] = True
+    return int(np.argmax(bad)) if bad.any() else None
 
 
 class SplitStreamSource(ParquetStreamSource):
@@ -140,7 +159,7 @@ class SplitStreamSource(ParquetStreamSource):
         )
         self.split_spec = spec
         self.heldout = {
-            split: HeldOut(join(spec, PARTS[split]), self.extra, split == "valid", self.num_items)
+            split: HeldOut(join(spec, PARTS[split]), RowRules.of(self), split == "valid")
             for split in SPLITS
         }
         rows = {split: h.rows for split, h in self.heldout.items()}

@@ -13,10 +13,11 @@ import pytest
 import torch
 
 from freescale.cli.main import main
-from freescale.data import SequenceSampling, open_source, read_sasrec
+from freescale.data import DataFormatError, SequenceSampling, open_source, read_sasrec
 from freescale.data.parquet_stream import split_sample_id
 from freescale.data.sequences import SPLITS
 from freescale.data.split_source import SplitStreamSource
+from freescale.data.stream_check import first_problem
 from freescale.jagged.batch import CAND_IDS, UIH_IDS
 
 pa = pytest.importorskip("pyarrow")
@@ -328,13 +329,65 @@ def test_split_checks_rows_and_needs_num_items(tmp_path, capsys):
         capsys, "data", "split", tmp_path / "a.parquet", tmp_path / "x", "--num-items", "50"
     )
     assert err.endswith("a.parquet: row group 1, row 4: items value 90 is outside 0..49 "
-                        "(freescale.num_items)")  # fmt: skip
+                        "(--num-items / freescale.num_items)")  # fmt: skip
     table = pa.table({"items": [[1, 2, 3]], "timestamps": [[5, 6]]})
     pq.write_table(table, tmp_path / "b.parquet")
     err = _one_error(
         capsys, "data", "split", tmp_path / "b.parquet", tmp_path / "y", "--num-items", "9"
     )
     assert err.endswith("row group 0, row 0: timestamps has 2 values, items has 3")
+
+
+@pytest.mark.parametrize(
+    "column, bad",
+    [
+        ("actions", [0, 5000, 1]),
+        ("timestamps", [1, -4, 2]),
+        ("items", [1, None, 3]),
+        ("cat", [0, -1, 2]),
+    ],
+)
+def test_split_and_the_stream_name_a_bad_row_with_one_line(tmp_path, capsys, column, bad):
+    """One row checker (`freescale.data.rows`): the line data split fails with is the
+    stream's check's for the same file."""
+    data = {c: [[1, 2, 3]] * 4 for c in ("items", "actions", "timestamps", "cat")}
+    data["actions"] = [[0, 0, 0]] * 4
+    data[column] = [*data[column][:3], bad]
+    table = pa.table(data).replace_schema_metadata({"freescale.num_items": "9"})
+    pq.write_table(table, tmp_path / "a.parquet", row_group_size=2)
+    err = _one_error(capsys, "data", "split", tmp_path / "a.parquet", tmp_path / "x")
+    stream = open_source(
+        f"parquet-stream:{tmp_path / 'a.parquet'}", options={"features": "cat:uih:9"}
+    )
+    line = first_problem(stream)
+    assert "row group 1, row 3: " in line and err == f"freescale: error: {line}"
+
+
+def test_held_out_rows_are_checked_with_one_line_naming_the_row(tmp_path, capsys):
+    table = pa.table({"items": [[1, 2, 3, 4]] * 3})
+    pq.write_table(table.replace_schema_metadata({"freescale.num_items": "9"}), tmp_path / "a")
+    assert cli(capsys, "data", "split", tmp_path / "a", tmp_path / "s")[0] == 0
+    part = tmp_path / "s" / "validation" / "part-00000.parquet"
+    valid = pq.read_table(part)
+
+    def first_error(column: str, row: int, value: list) -> str:
+        values = valid.column(column).to_pylist()
+        values[row] = value
+        bad = valid.set_column(valid.schema.get_field_index(column), column, [values])
+        pq.write_table(bad.replace_schema_metadata(valid.schema.metadata), part)
+        source = open_source(f"parquet-stream:{tmp_path / 's'}")
+        with pytest.raises(DataFormatError) as e:
+            source.eval_batch("valid", 0, 0, 1, 4)
+        return str(e.value)
+
+    assert first_error("items", 1, [1, 12, 3]).endswith(
+        "part-00000.parquet: row group 0, row 1: items value 12 is outside 0..8 "
+        "(data.num_items / freescale.num_items)"
+    )
+    assert first_error("later_items", 2, [4, 4]).endswith(
+        "row group 0, row 2: later_items is not one item id in 0..8: "
+        "not a row of freescale data split"
+    )
 
 
 def test_split_sorts_events_by_timestamp_and_carries_other_columns(tmp_path, capsys):

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from freescale.data import DataFormatError, SequenceSampling, SyntheticConfig, open_source
-from freescale.data.stream_check import RowRules, check_rounds, first_problem, piece_problem, rounds
+from freescale.data.rows import RowRules
+from freescale.data.stream_check import check_rounds, first_problem, piece_problem, rounds
 from freescale.testing import run_ranks
 
 pa = pytest.importorskip("pyarrow")
