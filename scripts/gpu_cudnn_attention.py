@@ -56,7 +56,7 @@ def op_part(iters: int, warmup: int) -> dict[str, Any]:
     from gpu_attention_probe import HEAD_DIM, HEADS, attention_flops, compare, median_ms
     from gpu_attention_probe import sample_lengths as probe_lengths
 
-    from freescale.kernels import cudnn_attention as ca
+    from freescale.kernels.attention import cudnn_sdpa as ca
     from freescale.models import attention as att
 
     torch.manual_seed(0)
@@ -223,7 +223,7 @@ def cpu_check() -> dict[str, str]:
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
-        "cudnn_graphs", ROOT / "freescale" / "kernels" / "cudnn_graphs.py"
+        "cudnn_graphs", ROOT / "freescale" / "kernels" / "attention" / "cudnn_graphs.py"
     )
     cg = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     sys.modules["cudnn_graphs"] = cg
@@ -269,7 +269,7 @@ def cpu_check() -> dict[str, str]:
 def environment() -> dict[str, Any]:
     import torch
 
-    from freescale.kernels import cudnn_attention as ca
+    from freescale.kernels.attention import cudnn_sdpa as ca
 
     meta: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.version.cuda}
     if torch.cuda.is_available():

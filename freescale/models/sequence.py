@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from freescale.jagged.batch import CAND_IDS, CONTENT_IDS, UIH_ACTIONS, UIH_IDS, SampleBatch
 from freescale.jagged.ops import segment_ids
 from freescale.jagged.schema import DataSchema
-from freescale.kernels.cross_attention import HEAD_DIMS
+from freescale.kernels.attention.cross import HEAD_DIMS
 from freescale.kernels.linear import Linear
 from freescale.models.attention import (
     CROSS_IMPLS,
@@ -90,7 +90,7 @@ class ModelConfig:
                 f"in {HEAD_DIMS}, got {self.dim // self.heads}"
             )
         if self.attention == "cudnn":
-            from freescale.kernels.cudnn_attention import head_dim_problem
+            from freescale.kernels.attention.cudnn_sdpa import head_dim_problem
 
             why = head_dim_problem(self.dim // self.heads)
             if why:

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from freescale.data.source import BUILTIN_KINDS, STREAMS
-from freescale.kernels.cudnn_attention import package_problem
+from freescale.kernels.attention.cudnn_sdpa import package_problem
 from freescale.models.contract import load_object
 from freescale.pipeline.board import check_installed
 from freescale.pipeline.checkpoint import check_resumable, find_checkpoint
