@@ -20,7 +20,7 @@ def _rank() -> dict:
 
     from freescale.comm import TorchCommunicator
     from freescale.embedding import RowwiseAdagrad, ShardingPlan, rank_agreement, swap
-    from freescale.embedding import state_dict as sd
+    from freescale.embedding.state import state_dict as sd
 
     for _ in range(20):
         rank_agreement.agree(None, "warm-up")

@@ -59,8 +59,8 @@ from typing import Any
 import torch.distributed as dist
 from torch import nn
 
-from freescale.embedding.checkpoint import load as load_tables
-from freescale.embedding.checkpoint import save as save_tables
+from freescale.embedding.state.checkpoint import load as load_tables
+from freescale.embedding.state.checkpoint import save as save_tables
 from freescale.pipeline.checkpoint_files import (
     FORMAT,
     MANIFEST,

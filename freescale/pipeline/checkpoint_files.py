@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from freescale.embedding.dcp_safe import check_blobs, data_files, read_metadata
+from freescale.embedding.state.dcp_safe import check_blobs, data_files, read_metadata
 from freescale.pipeline.rng import check_rng_state
 
 # 1 (no "format" key): pickled RNG states and balancer arrays, no digests;

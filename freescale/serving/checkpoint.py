@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from freescale.embedding.dcp_safe import SafeReader, read_metadata
+from freescale.embedding.state.dcp_safe import SafeReader, read_metadata
 from freescale.models.contract import load_object
 from freescale.pipeline.checkpoint import find_checkpoint, read_manifest
 from freescale.pipeline.checkpoint_files import MANIFEST, TABLES, read_checked, sha256_file
