@@ -51,7 +51,7 @@ from torch import Tensor, nn
 from freescale.jagged.ops import side_stream
 from freescale.kernels.linear import graph_body
 from freescale.models.attention import AttentionLayout, Segments
-from freescale.models.sequence import BlockStack, max_lengths
+from freescale.models.blocks import BlockStack, max_lengths
 
 SIZES_PER_OCTAVE = 8
 

@@ -27,7 +27,7 @@ from freescale.kernels.attention import cudnn_graphs as cg
 from freescale.kernels.attention import cudnn_sdpa as ca
 from freescale.models import ModelConfig, SequenceModel, bce_loss
 from freescale.models import attention as att
-from freescale.models.sequence import BlockStack, check_attention_device
+from freescale.models.blocks import BlockStack, check_attention_device
 from freescale.pipeline.checks import check_launch
 from freescale.pipeline.config import build_config
 from freescale.pipeline.graphs import GraphedStack, check_attention
