@@ -25,7 +25,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from freescale.kernels.cross_attention import cross_attention_reference
+from freescale.kernels.attention.cross import cross_attention_reference
 from freescale.models.attention import jagged_attention
 
 from .kernels import gpu_kernel_ms, time_fast

@@ -11,13 +11,13 @@
 - `global_count`: the explicit gradient-scaling rule (`freescale.embedding.scaling`).
 """
 
-from freescale.embedding.checkpoint import TableEntries, load, save
 from freescale.embedding.collection import ShardedEmbeddingCollection
 from freescale.embedding.config import ShardingPlan, TableConfig
 from freescale.embedding.modes import Mode, Prioritized, SparseDataDist, Sync
 from freescale.embedding.optim import SGD, Adam, OptimizerConfig, RowwiseAdagrad
 from freescale.embedding.scaling import global_count
 from freescale.embedding.sharding import RowSharding
+from freescale.embedding.state.checkpoint import TableEntries, load, save
 from freescale.embedding.swap import ShardedEmbedding, ShardedTorchRecCollection, swap
 
 __all__ = [

@@ -45,9 +45,10 @@ from freescale.embedding import input_dist
 from freescale.embedding.config import Placement, ShardingPlan, TableConfig
 from freescale.embedding.host_tier import check_host_memory, ranks_on_host
 from freescale.embedding.lookup import GroupCall, ShardedLookup, Timer, no_timer
-from freescale.embedding.modes import CollisionStats, Mode, Sync
+from freescale.embedding.modes import Mode, Sync
 from freescale.embedding.nonfinite import NonFiniteGuard
 from freescale.embedding.preflight import Request, make_request
+from freescale.embedding.prioritized import CollisionStats
 from freescale.embedding.sharding import RowSharding
 from freescale.embedding.store import ShardStore
 from freescale.jagged import JaggedTensor

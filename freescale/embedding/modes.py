@@ -27,18 +27,48 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import torch
+from torch import Tensor
 
+from freescale.comm import Communicator
 from freescale.embedding import input_dist
-from freescale.embedding.lookup import stage_ahead
+from freescale.embedding.lookup import GroupCall, Timer, stage_ahead
+from freescale.embedding.nonfinite import NonFiniteGuard
 from freescale.embedding.prioritized import CollisionStats, PrioritizedLookup, PrioritizedSchedule
 
-if TYPE_CHECKING:
-    from freescale.embedding.collection import ShardedEmbeddingCollection
-
 Features = Mapping[str, Any]
+
+
+class Lookups(Protocol):
+    """What a mode drives: the collection's exchange steps and what running
+    them needs (`ShardedEmbeddingCollection` is the one implementation).
+    Modes name this, not the collection, so the collection can build its
+    mode without the two modules importing each other."""
+
+    comm: Communicator
+    overlap_comm: Communicator  # prefetches run here, beside the step's exchanges
+    nonfinite: NonFiniteGuard | None
+    _anchor: Tensor
+    _timer: Timer
+    _use_prefetch: bool
+
+    def _start(self, features: Features, comm: Communicator) -> input_dist.PreparedLookup:
+        """Begin the input distribution of a lookup of ``features`` on ``comm``."""
+        ...
+
+    def _lookup(self, prepared: input_dist.PreparedLookup) -> dict[str, Any]:
+        """Finish ``prepared`` synchronously and return its outputs."""
+        ...
+
+    def _check_prefetched(self, prepared: input_dist.PreparedLookup, features: Features) -> None:
+        """Raise unless ``prepared`` was prefetched for exactly ``features``."""
+        ...
+
+    def _split(self, calls: list[GroupCall], outputs: tuple[Tensor, ...]) -> dict[str, Any]:
+        """The per-feature outputs of a lookup's per-group ``outputs``."""
+        ...
 
 
 class Mode:
@@ -47,16 +77,16 @@ class Mode:
     prefetches: ClassVar[bool] = False
 
     def __init__(self) -> None:
-        self._coll: ShardedEmbeddingCollection | None = None
+        self._coll: Lookups | None = None
 
-    def bind(self, collection: ShardedEmbeddingCollection) -> None:
+    def bind(self, collection: Lookups) -> None:
         """Called once, by the collection's constructor."""
         if self._coll is not None:
             raise ValueError(f"a {type(self).__name__}() mode serves one collection: make one each")
         self._coll = collection
 
     @property
-    def coll(self) -> ShardedEmbeddingCollection:
+    def coll(self) -> Lookups:
         assert self._coll is not None, "the mode is not bound to a collection"
         return self._coll
 
@@ -133,7 +163,7 @@ class Prioritized(Mode):
         super().__init__()
         self.schedule: PrioritizedSchedule | None = None
 
-    def bind(self, collection: ShardedEmbeddingCollection) -> None:
+    def bind(self, collection: Lookups) -> None:
         super().bind(collection)
         self.schedule = PrioritizedSchedule(
             collection.comm, collection._timer, collection.overlap_comm

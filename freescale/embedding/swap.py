@@ -27,7 +27,7 @@ from freescale.embedding.collection import ShardedEmbeddingCollection
 from freescale.embedding.config import ShardingPlan, TableConfig
 from freescale.embedding.lookup import Timer, no_timer
 from freescale.embedding.modes import Mode
-from freescale.embedding.state_dict import load_tables, save_tables
+from freescale.embedding.state.state_dict import load_tables, save_tables
 from freescale.jagged import JaggedTensor
 from freescale.jagged.interop import embeddings_to_torchrec, kjt_to_features
 

@@ -46,5 +46,8 @@ def choose_impl(impl: str | None, device: torch.device) -> Impl:
 
 
 def triton_module(name: str) -> ModuleType:
-    """Import ``freescale.kernels.triton_<name>`` (this is what imports Triton)."""
-    return importlib.import_module(f"freescale.kernels.triton_{name}")
+    """Import ``freescale.kernels.triton_<name>``, or for ``<package>.<name>``
+    ``freescale.kernels.<package>.triton_<name>`` (this is what imports Triton)."""
+    package, _, leaf = name.rpartition(".")
+    where = f"freescale.kernels.{package}" if package else "freescale.kernels"
+    return importlib.import_module(f"{where}.triton_{leaf}")

@@ -1,5 +1,5 @@
 """Jagged attention: a per-sample reference (CPU), a varlen path (CUDA) and,
-for the causal self-attention, an optional cuDNN path (`cudnn_attention`).
+for the causal self-attention, an optional cuDNN path (`cudnn_sdpa`).
 
 Two patterns per layer:
 - UIH self-attention, causal within each sample;
@@ -22,15 +22,15 @@ Implementations (``impl``, the model's ``attention`` option):
   not a training option;
 - ``varlen``: ``torch.nn.attention.varlen.varlen_attn`` (FlashAttention-2, CUDA);
 - ``cudnn``: the causal self-attention through cuDNN's SDPA graphs
-  (`freescale.kernels.cudnn_attention`; sm90+, the ``nvidia-cudnn-frontend``
+  (`freescale.kernels.attention.cudnn_sdpa`; sm90+, the ``nvidia-cudnn-frontend``
   package); the cross-attention stays on varlen (it is cheap);
 - ``auto``: ``reference`` on the CPU; on CUDA ``cudnn`` for the causal
-  self-attention where it can run (`cudnn_attention.unavailable`), else
+  self-attention where it can run (`cudnn_sdpa.unavailable`), else
   ``varlen``. Where cuDNN then refuses a graph, that call runs varlen.
 
 The cross-attention has its own option (``cross``, the model's
 ``cross_attention``, `cross_attention_impl`): ``reference``, ``varlen``,
-``triton`` (`freescale.kernels.triton_cross_attention`: the few queries of a
+``triton`` (`freescale.kernels.attention.triton_cross`: the few queries of a
 sample against its history split over many programs, then a reduce; needs
 no maxima) or ``auto``: ``triton`` on CUDA where the attention is ``auto`` or
 ``cudnn`` (and Triton is installed), else what the attention runs
@@ -45,9 +45,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from freescale.kernels import cudnn_attention
+from freescale.kernels.attention import cudnn_sdpa
+from freescale.kernels.attention.cross import HEAD_DIMS, CrossPlan, cross_plan
 from freescale.kernels.backend import triton_available, triton_module
-from freescale.kernels.cross_attention import HEAD_DIMS, CrossPlan, cross_plan
 from freescale.models.padded_attention import Padded, padded_attention
 
 IMPLS = ("auto", "reference", "varlen", "cudnn")
@@ -62,7 +62,7 @@ class Segments:
     cu: Tensor | None = None  # int32 copy of ``offsets`` (varlen)
     max_len: int = 0  # longest segment (varlen)
     bounds: list[int] | None = None  # ``offsets`` on the host (reference)
-    ragged: cudnn_attention.Ragged | None = None  # cuDNN's view (its causal self-attention)
+    ragged: cudnn_sdpa.Ragged | None = None  # cuDNN's view (its causal self-attention)
     padded: Padded | None = None  # slots of the padded batch (``padded``)
 
 
@@ -79,7 +79,7 @@ class AttentionLayout:
     # gradients are never written: they are zeroed before they reach a weight.
     q_pad: Tensor | None = None
     k_pad: Tensor | None = None
-    plan: CrossPlan | None = None  # triton: the key chunks (`kernels.cross_attention`)
+    plan: CrossPlan | None = None  # triton: the key chunks (`kernels.attention.cross`)
 
     def tensors(self) -> list[Tensor]:
         """The device tensors it holds (offsets, masks, the cross plan's)."""
@@ -110,7 +110,7 @@ def cross_attention_impl(
     """The candidate -> UIH cross-attention's implementation: ``cross`` unless
     ``auto``; then ``triton`` on CUDA where ``attention`` is ``auto`` or
     ``cudnn``, Triton is installed, the kernel takes ``head_dim``
-    (`kernels.cross_attention.HEAD_DIMS`) and ``triton`` allows it (a graphed
+    (`kernels.attention.cross.HEAD_DIMS`) and ``triton`` allows it (a graphed
     stack says no: its graphs run varlen), else `resolve_impl` of ``attention``."""
     if cross not in CROSS_IMPLS:
         raise ValueError(
@@ -137,13 +137,13 @@ def self_attention_impl(
     check_impl(impl)
     device = device or torch.device("cpu")
     if impl == "cudnn":
-        why = cudnn_attention.unavailable(device, head_dim)
+        why = cudnn_sdpa.unavailable(device, head_dim)
         if why:
             raise ValueError(f"model.attention=cudnn needs {why}")
         return "cudnn"
     on_cuda = device.type == "cuda"
     if impl == "auto" and on_cuda and cudnn:
-        return "cudnn" if cudnn_attention.unavailable(device, head_dim) is None else "varlen"
+        return "cudnn" if cudnn_sdpa.unavailable(device, head_dim) is None else "varlen"
     return resolve_impl(impl, on_cuda)
 
 
@@ -153,7 +153,7 @@ def segments(
     """``offsets`` prepared for ``impl`` (resolved); ``max_len`` spares a host read.
 
     ``cudnn``: the varlen preparation (the cross-attention reads it) and
-    cuDNN's (`cudnn_attention.Ragged`); ``fallback``: ``auto`` chose cuDNN, so
+    cuDNN's (`cudnn_sdpa.Ragged`); ``fallback``: ``auto`` chose cuDNN, so
     a graph it refuses runs varlen instead of failing."""
     if impl == "reference":
         return Segments(offsets, bounds=offsets.tolist())
@@ -161,7 +161,7 @@ def segments(
         return Segments(offsets, max_len=max_len or 0)
     if max_len is None:
         max_len = int((offsets[1:] - offsets[:-1]).max()) if offsets.numel() > 1 else 0
-    ragged = cudnn_attention.Ragged(offsets, max_len, fallback) if impl == "cudnn" else None
+    ragged = cudnn_sdpa.Ragged(offsets, max_len, fallback) if impl == "cudnn" else None
     return Segments(offsets, cu=offsets.to(torch.int32), max_len=max_len, ragged=ragged)
 
 
@@ -251,11 +251,11 @@ def _cudnn(q: Tensor, k: Tensor, v: Tensor, layout: AttentionLayout) -> Tensor:
         kh = _ZeroGradRows.apply(k, layout.k_pad)
         vh = _ZeroGradRows.apply(v, layout.k_pad)
     try:
-        out = cudnn_attention.causal_attention(qh.to(half), kh.to(half), vh.to(half), ragged)
-    except cudnn_attention.Unsupported as e:
+        out = cudnn_sdpa.causal_attention(qh.to(half), kh.to(half), vh.to(half), ragged)
+    except cudnn_sdpa.Unsupported as e:
         if not ragged.fallback:
             raise
-        cudnn_attention.warn_fallback(e)
+        cudnn_sdpa.warn_fallback(e)
         return _varlen(q, k, v, replace(layout, impl="varlen"))
     out = out.to(dtype)
     return out if layout.q_pad is None else out.masked_fill(layout.q_pad, 0.0)
@@ -284,7 +284,7 @@ def _triton_cross(q: Tensor, k: Tensor, v: Tensor, layout: AttentionLayout) -> T
     if not q.dtype == k.dtype == v.dtype:  # the kernel takes one dtype: the widest
         dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
         q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-    return triton_module("cross_attention").cross_attention_triton(q, k, v, layout.plan)
+    return triton_module("attention.cross").cross_attention_triton(q, k, v, layout.plan)
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, layout: AttentionLayout) -> Tensor:

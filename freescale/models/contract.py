@@ -28,7 +28,7 @@ supplies the defaults:
   (forward + backward), for the step metrics' TFLOP/s and MFU. The trainer
   counts it on the host (loader workers; for balanced batches, a batch of the
   same sizes whose values are zero), so it must depend on the sizes only;
-- optional ``block_stack``: the path of a `freescale.models.sequence.BlockStack`
+- optional ``block_stack``: the path of a `freescale.models.blocks.BlockStack`
   submodule, the model's capturable region: the pipeline may replace it with
   one running the same blocks another way (replayed captures), from outside;
 - optional ``compile_regions``: paths of submodules that ``dense.compile=true``
@@ -39,7 +39,7 @@ supplies the defaults:
   specializing on the batch (per-sample loops, host-side layouts, opaque
   kernels) are the model's to mark: a region module may override ``compile``
   to swap such a call for its ``torch.compiler.disable``-d twin first (the
-  built-in `sequence.Block` does so for its attention).
+  built-in `blocks.Block` does so for its attention).
 
 What the techniques need: load balancing moves whole samples between ranks,
 so ``forward`` must treat samples independently (no batch norm across

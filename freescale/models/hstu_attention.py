@@ -30,7 +30,7 @@ Three implementations behind one interface (`layout(...)` then ``attend``):
   scores, a shared causal mask), a handful of large kernels per layer (plain
   torch): the CPU default. Its work grows with the batch's *longest* history
   (B·L_max²) and so does its memory;
-- ``fused``: the Triton kernels of `freescale.kernels.hstu_attention` on the
+- ``fused``: the Triton kernels of `freescale.kernels.attention.hstu` on the
   packed rows (the bias inside the kernels, memory linear in the tokens,
   Σ L_i² work, blocks above the diagonal skipped): the CUDA default.
 
@@ -39,7 +39,7 @@ attention to itself is one elementwise term, computed by the same code in
 all three (`_self_term`). ``bias=None`` leaves the relative bias out (the
 benchmarks' plain SiLU attention).
 
-Buckets are exact integer functions (`kernels.hstu_attention.log_buckets`):
+Buckets are exact integer functions (`kernels.attention.hstu.log_buckets`):
 the float log2 they used to go through put a few values next to a power of
 two (2^24 - 1 s, ...) one bucket too far.
 """
@@ -54,21 +54,21 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from freescale.jagged.ops import segment_ids
-from freescale.kernels.backend import triton_available
-from freescale.kernels.hstu_attention import (
+from freescale.kernels.attention.hstu import (
     POSITION,
     TIME,
     Schedule,
     log_buckets,
     opaque_hstu_attention,
 )
+from freescale.kernels.backend import triton_available
 from freescale.models.small_embedding import SmallEmbedding
 
 IMPLS = ("auto", "reference", "padded", "fused")
 
 
 def position_buckets(rel: Tensor) -> Tensor:
-    """Relative position buckets: 0..7 exactly, then 2 per doubling (`kernels.hstu_attention`)."""
+    """Relative position buckets: 0..7 exactly, then 2 per doubling (`kernels.attention.hstu`)."""
     return log_buckets(rel, POSITION)
 
 
@@ -314,7 +314,7 @@ def padded_layout(
 
 @dataclass(frozen=True)
 class FusedLayout:
-    """The packed rows as the fused Triton kernels read them (`kernels.hstu_attention`)."""
+    """The packed rows as the fused Triton kernels read them (`kernels.attention.hstu`)."""
 
     schedule: Schedule
     uih_times: Tensor  # int64 [Tu]

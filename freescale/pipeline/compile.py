@@ -10,7 +10,7 @@ identical blocks are one code object whose guards pass for every instance (the
 parameters are inputs of the graph), so one compile serves all layers, and
 nothing outside the blocks (the embedding exchange, the loss, the guard) is
 traced. A region's calls that dynamo should not trace are the model's to mark
-(`sequence.Block.compile` leaves its attention out: a graph break per call;
+(`blocks.Block.compile` leaves its attention out: a graph break per call;
 HSTU's padded attention is plain torch and traces with the rest).
 
 **Dynamic token dimension.** ``dynamic=True``: every size of a region's inputs

@@ -17,8 +17,8 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from freescale.config import DenseSection, FaultsSection, RunSection
+from freescale.models.blocks import check_attention_device
 from freescale.models.dropout import training_step
-from freescale.models.sequence import check_attention_device
 from freescale.observe.timing import SectionTimer
 from freescale.pipeline.compile import compile_regions, compile_state, compiled_frames
 from freescale.pipeline.graphs import BlockGraphs, install_graphs

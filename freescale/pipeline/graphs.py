@@ -48,7 +48,7 @@ import torch
 from torch import Tensor, nn
 
 from freescale.jagged.ops import side_stream
-from freescale.models.sequence import BlockStack, max_lengths
+from freescale.models.blocks import BlockStack, max_lengths
 from freescale.pipeline.padded_blocks import (
     Bucket,
     PaddedBlocks,
@@ -315,7 +315,7 @@ def install_graphs(model: nn.Module, two_streams: bool, own_grads: bool) -> Bloc
     if not isinstance(stack, BlockStack):
         raise ValueError(
             "dense.graphs=true needs a model with a block_stack (a BlockStack of "
-            "freescale.models.sequence); this model has none"
+            "freescale.models.blocks); this model has none"
         )
     graphed = GraphedStack(stack, two_streams=two_streams, own_grads=own_grads)
     model.set_submodule(path, graphed)

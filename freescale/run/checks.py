@@ -17,7 +17,7 @@ import torch
 from freescale.config import TrainConfig
 from freescale.config.files import config_toml
 from freescale.data.source import BUILTIN_KINDS, STREAMS
-from freescale.kernels.cudnn_attention import package_problem
+from freescale.kernels.attention.cudnn_sdpa import package_problem
 from freescale.models.contract import load_object
 from freescale.observe.board import check_installed
 from freescale.pipeline.faults import parse_ranks

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from freescale.config import BUILTIN_MODEL, TrainConfig
-from freescale.embedding.dcp_safe import SafeReader, read_metadata
+from freescale.embedding.state.dcp_safe import SafeReader, read_metadata
 from freescale.models.contract import load_object
 from freescale.state.checkpoint import find_checkpoint, read_manifest
 from freescale.state.checkpoint_files import MANIFEST, TABLES, read_checked, sha256_file

@@ -20,7 +20,7 @@ A checkpoint taken after step ``n - 1`` is a directory ``step-<n>`` holding
 
 Nothing in it runs code on load and nothing damaged is used
 (`freescale.state.checkpoint_files`): ``.pt`` files load with
-``weights_only=True``, the tables through `freescale.embedding.dcp_safe`, and
+``weights_only=True``, the tables through `freescale.embedding.state.dcp_safe`, and
 every file's size and SHA-256 are checked against the manifest first. The
 ranks split the hashing by bytes, at save and at load; at load they agree on
 the first problem found (`freescale.comm.rank_text`), so every rank
@@ -61,8 +61,8 @@ from torch import nn
 
 from freescale.comm.rank_text import all_gather_text, broadcast_text, first_problem
 from freescale.config.files import toml_text
-from freescale.embedding.checkpoint import load as load_tables
-from freescale.embedding.checkpoint import save as save_tables
+from freescale.embedding.state.checkpoint import load as load_tables
+from freescale.embedding.state.checkpoint import save as save_tables
 from freescale.state.checkpoint_files import (
     FORMAT,
     MANIFEST,

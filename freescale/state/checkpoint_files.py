@@ -8,7 +8,7 @@ one must not run code and must not use a damaged file. Two rules:
   ``torch.load(weights_only=True)``, which refuses anything else (`safe_load`
   names the file and the refused type). `write_plain` checks the same rule
   at save, so a state that grows an ndarray fails when written, not when
-  loaded. The tables' DCP files are read by `freescale.embedding.dcp_safe`.
+  loaded. The tables' DCP files are read by `freescale.embedding.state.dcp_safe`.
 - Digests. The manifest, written last, records ``[bytes, sha256]`` of every
   other file (`digest`); before anything is used every file's size is
   compared (missing, truncated), then its SHA-256 (altered). The manifest
@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from freescale.embedding.dcp_safe import check_blobs, data_files, read_metadata
+from freescale.embedding.state.dcp_safe import check_blobs, data_files, read_metadata
 from freescale.state.rng import check_rng_state
 
 # 1 (no "format" key): pickled RNG states and balancer arrays, no digests;

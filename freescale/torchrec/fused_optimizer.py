@@ -26,7 +26,7 @@ from torch.optim import Optimizer
 
 from freescale.embedding.collection import ShardedEmbeddingCollection
 from freescale.embedding.optim import SGD, Adam, OptimizerConfig, RowwiseAdagrad
-from freescale.embedding.state_dict import load_tables, save_tables
+from freescale.embedding.state.state_dict import load_tables, save_tables
 from freescale.jagged import JaggedTensor
 
 # TorchRec / FBGEMM optimizer names (``EmbOptimType``) we implement exactly.

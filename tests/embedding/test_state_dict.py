@@ -10,7 +10,7 @@ from torch import nn
 
 from freescale.comm import TorchCommunicator, run_threads
 from freescale.embedding import RowSharding, RowwiseAdagrad, ShardingPlan, swap
-from freescale.embedding.state_dict import chunk_bounds, from_row_chunks, to_row_chunks
+from freescale.embedding.state.state_dict import chunk_bounds, from_row_chunks, to_row_chunks
 from freescale.testing import run_ranks
 from tests.embedding._train import pack, unpack
 

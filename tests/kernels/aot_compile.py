@@ -22,12 +22,13 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+import freescale.kernels.attention.triton_cross as cross
+import freescale.kernels.attention.triton_hstu_bwd as hstu_bwd
+import freescale.kernels.attention.triton_hstu_fwd as hstu_fwd
 import freescale.kernels.triton_bucketize as bucketize
 import freescale.kernels.triton_collision as collision
 import freescale.kernels.triton_common as common
-import freescale.kernels.triton_cross_attention as cross
 import freescale.kernels.triton_dispatch as dispatch
-import freescale.kernels.triton_hstu_attention as hstu
 import freescale.kernels.triton_permute as permute
 import freescale.kernels.triton_rows as rows
 import freescale.kernels.triton_small_table as small_table
@@ -154,10 +155,14 @@ def variants(quick: bool = False) -> Iterator[Variant]:
 def hstu_variants(quick: bool) -> Iterator[Variant]:
     """The fused HSTU attention's kernels: each head dim the model uses, bias or not,
     with and without history outputs, at each kernel's first and last config."""
-    from freescale.kernels.hstu_attention import CONFIGS
+    from freescale.kernels.attention.hstu import CONFIGS
 
     i64 = "*i64"
-    kernels = {"fwd": hstu._fwd_kernel, "dq": hstu._dq_kernel, "dkdv": hstu._dkdv_kernel}
+    kernels = {
+        "fwd": hstu_fwd._fwd_kernel,
+        "dq": hstu_bwd._dq_kernel,
+        "dkdv": hstu_bwd._dkdv_kernel,
+    }
     for (kind, kernel), dtype, head_dim, bias, uih_out in itertools.product(
         kernels.items(), ("*bf16", "*fp32"), (32, 64, 128), (True, False), (True, False)
     ):

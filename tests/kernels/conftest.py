@@ -10,7 +10,6 @@ it unchanged. Tests that start subprocesses pass an explicit environment.
 
 from __future__ import annotations
 
-import importlib
 import os
 from collections.abc import Iterator
 
@@ -18,12 +17,11 @@ import numpy as np
 import pytest
 import torch
 
-from freescale.kernels.backend import triton_available
+from freescale.kernels.backend import triton_available, triton_module
 
 TRITON_MODULES = (
     "common", "bucketize", "rows", "host_rows", "permute", "dispatch", "collision", "small_table",
-    "hstu_attention",
-    "cross_attention",
+    "attention.hstu_fwd", "attention.hstu_bwd", "attention.cross",
 )  # fmt: skip
 
 
@@ -64,7 +62,7 @@ def _triton_interpreter() -> Iterator[None]:
     os.environ["TRITON_INTERPRET"] = "1"
     try:
         for name in TRITON_MODULES:
-            importlib.import_module(f"freescale.kernels.triton_{name}")
+            triton_module(name)
         _fix_interpreter_loop_bounds()
         yield
     finally:

@@ -20,7 +20,7 @@ import math
 import pytest
 import torch
 
-from freescale.kernels.cross_attention import cross_attention_reference, cross_plan
+from freescale.kernels.attention.cross import cross_attention_reference, cross_plan
 from freescale.testing.tolerance import assert_within, reduction_tol
 
 SMALL = dict(block_n=16, min_chunk=32, max_splits=4)  # interpreter-sized chunks
@@ -46,7 +46,7 @@ def _case(lengths, cands, heads, dim, device, dtype, seed=0, pad_q=0, pad_k=0):
 
 
 def _run(q, k, v, q_off, k_off, grad, plan_args):
-    from freescale.kernels.triton_cross_attention import cross_attention_triton
+    from freescale.kernels.attention.triton_cross import cross_attention_triton
 
     inputs = [t.detach().requires_grad_() for t in (q, k, v)]
     plan = cross_plan(q_off, k_off, **plan_args)
@@ -176,7 +176,7 @@ def test_plan_bounds_hold():
 
 
 def test_bad_inputs_raise(triton_device):
-    from freescale.kernels.triton_cross_attention import cross_attention_triton
+    from freescale.kernels.attention.triton_cross import cross_attention_triton
 
     q, k, v, q_off, k_off = _case([4], [2], 1, 24, triton_device, torch.float32)
     with pytest.raises(ValueError, match="head dim"):

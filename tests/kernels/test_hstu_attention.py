@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from freescale.kernels import hstu_attention as K
+from freescale.kernels.attention import hstu as K
 from freescale.testing.tolerance import assert_reordered_close
 
 pytestmark = pytest.mark.numeric

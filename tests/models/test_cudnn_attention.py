@@ -1,4 +1,4 @@
-"""The optional cuDNN attention backend (`freescale.kernels.cudnn_attention`).
+"""The optional cuDNN attention backend (`freescale.kernels.attention.cudnn_sdpa`).
 
 CPU: which implementation ``auto`` and ``cudnn`` resolve to with the frontend
 missing or present (mocked), the one-line errors, the graphs' declaration (a
@@ -24,11 +24,11 @@ from hypothesis import strategies as st
 
 from freescale.config import build_config
 from freescale.jagged.batch import UIH_IDS
-from freescale.kernels import cudnn_attention as ca
-from freescale.kernels import cudnn_graphs as cg
+from freescale.kernels.attention import cudnn_graphs as cg
+from freescale.kernels.attention import cudnn_sdpa as ca
 from freescale.models import ModelConfig, SequenceModel, bce_loss
 from freescale.models import attention as att
-from freescale.models.sequence import BlockStack, check_attention_device
+from freescale.models.blocks import BlockStack, check_attention_device
 from freescale.pipeline.graphs import GraphedStack, check_attention
 from freescale.run.checks import check_launch
 from freescale.testing.batches import random_batch

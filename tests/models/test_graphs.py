@@ -1,4 +1,4 @@
-"""CUDA graphs of the block stack (`freescale.pipeline.graphs`), applied from
+"""CUDA graphs of the block stack (`freescale.pipeline.graphs`, `padded_blocks`), applied from
 outside the model: `install_graphs` replaces its `block_stack`.
 
 The capture needs CUDA; the padding it relies on does not. On the CPU the
@@ -19,16 +19,13 @@ from hypothesis import strategies as st
 from freescale.config import build_config
 from freescale.jagged.batch import UIH_ACTIONS, UIH_IDS
 from freescale.models import ModelConfig, SequenceModel, bce_loss
-from freescale.pipeline.graphs import (
+from freescale.pipeline.graphs import BlockGraphs, GraphedStack, check_attention, install_graphs
+from freescale.pipeline.padded_blocks import (
     SIZES_PER_OCTAVE,
-    BlockGraphs,
     Bucket,
-    GraphedStack,
     PaddedBlocks,
     _segment_masks,
     bucket,
-    check_attention,
-    install_graphs,
     padded_inputs,
 )
 from freescale.run.checks import check_launch

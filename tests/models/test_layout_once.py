@@ -200,7 +200,7 @@ def test_flash_path_unchanged_on_gpu(spec, monkeypatch):
 
 
 def _check_flash(spec):
-    # varlen, not auto: auto may run the self-attention on cuDNN (cudnn_attention)
+    # varlen, not auto: auto may run the self-attention on cuDNN (cudnn_sdpa)
     cfg = ModelConfig(num_items=100, dim=64, heads=2, layers=3, dense_dim=2, attention="varlen")
     torch.manual_seed(0)
     m = SequenceModel(cfg).cuda()

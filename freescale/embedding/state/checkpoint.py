@@ -7,12 +7,12 @@ Two forms of the same state:
   at the same world size restores every byte; at another it fails with
   missing keys instead of scrambling rows.
 - `TableEntries(collection)`: every table in logical row order, a ``DTensor``
-  ``Shard(0)`` of contiguous row chunks (`freescale.embedding.state_dict`,
+  ``Shard(0)`` of contiguous row chunks (`freescale.embedding.state.state_dict`,
   the entries a swapped model's ``state_dict()`` holds). DCP reshards these:
   saved at W ranks, they load at any W' (the trainer's checkpoints use them).
 
 DCP writes replicated tensors of a whole model once. Loading runs no code
-from the files: the index is read by `freescale.embedding.dcp_safe`, which
+from the files: the index is read by `freescale.embedding.state.dcp_safe`, which
 refuses anything but plain tensors.
 """
 
@@ -28,8 +28,8 @@ from torch import nn
 
 from freescale.comm import Communicator, TorchCommunicator
 from freescale.embedding.collection import ShardedEmbeddingCollection
-from freescale.embedding.dcp_safe import SafeReader, read_metadata
-from freescale.embedding.state_dict import load_tables, save_tables
+from freescale.embedding.state.dcp_safe import SafeReader, read_metadata
+from freescale.embedding.state.state_dict import load_tables, save_tables
 
 
 class TableEntries(nn.Module):
@@ -75,7 +75,7 @@ def load(module: nn.Module, path: str | os.PathLike, process_group: Any = None) 
     checkpoint holds state the module has no place for, e.g. Adagrad's
     ``sum_sq`` loaded into an SGD collection: dropping it silently would
     change the training that follows. A file that could run code on load
-    is refused the same way (`freescale.embedding.dcp_safe`).
+    is refused the same way (`freescale.embedding.state.dcp_safe`).
     """
     saved = read_metadata(path).state_dict_metadata
     state = module.state_dict()

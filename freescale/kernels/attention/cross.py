@@ -10,7 +10,7 @@ whose sample has no keys gets output 0 (and gradient 0). Scores are scaled by
 Three pieces:
 
 - `cross_plan`: how the keys are cut for the Triton kernel
-  (`freescale.kernels.triton_cross_attention`): each sample's keys into at
+  (`freescale.kernels.attention.triton_cross`): each sample's keys into at
   most ``max_splits`` *chunks* of ``span_i`` keys (a multiple of
   ``min_chunk``), one program per chunk and head. Torch ops on ``[B]``
   tensors, no host read: built once per forward and shared by every layer;
@@ -152,4 +152,4 @@ def cross_attention(
     if choose_impl(impl, q.device) != "triton":
         return cross_attention_reference(q, k, v, q_offsets, k_offsets)
     plan = plan if plan is not None else cross_plan(q_offsets, k_offsets)
-    return triton_module("cross_attention").cross_attention_triton(q, k, v, plan)
+    return triton_module("attention.cross").cross_attention_triton(q, k, v, plan)

@@ -1,6 +1,6 @@
 """Triton candidate -> history cross-attention, split over keys (flash-decoding style).
 
-Reference: `freescale.kernels.cross_attention.cross_attention_reference`
+Reference: `freescale.kernels.attention.cross.cross_attention_reference`
 (each candidate attends to its sample's whole history, softmax, scale
 ``1/sqrt(D)``; no keys: output 0). A sample has a handful of queries and up to
 ~21k keys, so the work is cut along the keys, never padded to the longest
@@ -47,7 +47,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from freescale.kernels.cross_attention import (
+from freescale.kernels.attention.cross import (
     HEAD_DIMS,
     CrossPlan,
     cross_attention_reference,

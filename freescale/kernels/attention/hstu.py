@@ -11,7 +11,7 @@ For each sample (``L`` history rows, ``C`` candidates) and head, with
 attention to itself is not included: it is one elementwise term, the
 caller's (`freescale.models.hstu_attention`).
 
-`hstu_attention` runs the Triton kernels (`triton_hstu_attention`) on the
+`hstu_attention` runs the Triton kernels (`triton_hstu_fwd`, `triton_hstu_bwd`) on the
 packed rows: no padding, no ``[L, L]`` tensor, memory linear in the tokens,
 q/k/v read in place from strided views. `reference` is the twin: a loop over
 samples, written out in float32. `Schedule` is the per-batch part (block
@@ -216,7 +216,7 @@ def _common(q: Tensor, has_bias: bool, interpreted: bool) -> dict:
 class _Fused(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q_u, k_u, v_u, q_c, pos, tim, sched, t_u, t_c, uih_out):  # type: ignore[override]
-        kern = triton_module("hstu_attention")
+        kern = triton_module("attention.hstu_fwd")
         H, dh = q_u.shape[1], q_u.shape[2]
         alpha = dh**-0.5
         interp = _interpreting(kern._fwd_kernel)
@@ -249,10 +249,10 @@ class _Fused(torch.autograd.Function):
     def backward(ctx, do_u, do_c):  # type: ignore[override]
         q_u, k_u, v_u, q_c, pos, tim, t_u, t_c = ctx.saved_tensors
         sched, uih_out, key = ctx.sched, ctx.uih_out, ctx.key
-        kern = triton_module("hstu_attention")
+        kern = triton_module("attention.hstu_bwd")
         H, dh = q_u.shape[1], q_u.shape[2]
         alpha = dh**-0.5
-        interp = _interpreting(kern._fwd_kernel)
+        interp = _interpreting(kern._dq_kernel)
         has_bias = pos is not None
         const = _common(q_u, has_bias, interp)
         if do_u is None:

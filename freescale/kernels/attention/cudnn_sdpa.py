@@ -8,7 +8,7 @@ the candidate cross-attention stays on varlen. Measured on one H200 (bf16,
 fwd+bwd 3.59 ms vs 5.13 ms for FlashAttention-2 varlen, the same error
 against float32 (benchmarks/results/attention-probe.json, docs/notes/cudnn-attention.md).
 
-The graphs (`freescale.kernels.cudnn_graphs`) take the packed rows as they
+The graphs (`freescale.kernels.attention.cudnn_graphs`) take the packed rows as they
 are: per-sample int64 ragged offsets and int32 lengths are bound at run time,
 so a graph depends only on
 
@@ -60,7 +60,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from freescale.kernels.cudnn_graphs import (
+from freescale.kernels.attention.cudnn_graphs import (
     BWD_DATA,
     FWD_DATA,
     GraphSpec,
