@@ -11,7 +11,9 @@ Nothing is polled, and no state waits forever:
   ends the run within the wait: every other rank is killed and `RunFailed`
   names it: the error it sent, or else its exit code or signal and the last
   lines of its stderr (`rank_stderr`). A rank that died without a word is
-  named before one that raised, whose error may only be its peer gone.
+  named before one that raised, whose error may only be its peer gone
+  (after such an error the watch waits up to 2 s for a peer to end, 15 s
+  when every error says a peer went away).
 - **Bad input.** A rank's ValueError (bad data or input, which the ranks
   agree on and raise alike) is `RankInputError`, a ValueError with that
   rank's line as it is (CLI rc 2, as under torchrun).
@@ -45,6 +47,18 @@ from freescale.run.rank_stderr import RankStderr
 EXIT_INPUT = 2  # a spawned rank's exit status after a ValueError (its line went to the launcher)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 PEER_GRACE_S = 2.0  # after a rank raised: how long a crashed peer may take to be reaped
+# An error that says a peer went away is an echo: the peer's process may take
+# seconds more to finish exiting (a loaded machine, torch's teardown), so the
+# cause gets longer to show. Seen in CI: rank 0's "Connection closed by peer"
+# arrived > 2 s before rank 1, exiting at import, was reaped.
+ECHO_GRACE_S = 15.0
+ECHO_WORDS = (
+    "connection closed by peer",  # gloo
+    "connection reset by peer",
+    "broken pipe",
+    "remote process exited",  # NCCL
+    "communicator was aborted",
+)
 
 
 class RunFailed(RuntimeError):
@@ -201,7 +215,9 @@ class Supervisor:
         """A rank raised: was it a peer's end that it saw? A peer that exits on its
         own (a crash, ``exit`` while its process group unwinds) is reaped within
         moments of it, so a short wait names the cause, not the echo."""
-        deadline = time.monotonic() + PEER_GRACE_S
+        raised = [str(r.error[1]).lower() for r in self.ranks if r.error]
+        echoes = raised and all(any(w in e for w in ECHO_WORDS) for e in raised)
+        deadline = time.monotonic() + (ECHO_GRACE_S if echoes else PEER_GRACE_S)
         while True:
             quiet = [r for r in self.ranks if not r.error]
             if any(r.exitcode not in (None, 0, EXIT_STOPPED) for r in quiet):

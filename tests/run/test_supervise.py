@@ -12,7 +12,14 @@ import pytest
 from freescale.config import build_config
 from freescale.run.launch import launch
 from freescale.run.rank_stderr import RankStderr
-from freescale.run.supervise import Rank, RunFailed, RunStopped, StopSignals, Supervisor
+from freescale.run.supervise import (
+    ECHO_GRACE_S,
+    Rank,
+    RunFailed,
+    RunStopped,
+    StopSignals,
+    Supervisor,
+)
 
 CTX = multiprocessing.get_context("fork")
 
@@ -29,8 +36,12 @@ def _ends(messages, ready, how: str) -> None:
         time.sleep(0.2)
         messages.send(("error", "RuntimeError: Connection closed by peer"))
         os._exit(1)
-    elif how == "crash":
-        time.sleep(0.3)  # after the echo was sent
+    elif how == "error":  # a rank's own error, no peer gone
+        messages.send(("error", "RuntimeError: the model raised"))
+        os._exit(1)
+    elif how in ("crash", "slow crash"):
+        # after the echo was sent; "slow": past PEER_GRACE_S, as on a loaded machine
+        time.sleep(0.3 if how == "crash" else 4.0)
         os.write(2, b"out of memory\n")
         os.kill(os.getpid(), signal.SIGKILL)
     elif how == "hang":
@@ -70,6 +81,21 @@ def test_a_crash_is_named_not_its_echo():
     assert str(e.value) == (
         "rank 1 was killed by signal 9 (SIGKILL); its stderr ended: out of memory"
     )
+
+
+def test_a_slow_crash_is_named_not_its_echo():
+    ranks = _ranks("echo", "slow crash", stderr=True)
+    with pytest.raises(RunFailed, match=r"^rank 1 was killed by signal 9 \(SIGKILL\)"):
+        Supervisor(ranks, StopSignals(), 10).run()
+
+
+def test_a_rank_s_own_error_ends_the_run_without_the_echo_wait():
+    ranks = _ranks("error", "hang")
+    start = time.monotonic()
+    with pytest.raises(RunFailed, match=r"^rank 0 failed: RuntimeError: the model raised$"):
+        Supervisor(ranks, StopSignals(), 10).run()
+    assert time.monotonic() - start < ECHO_GRACE_S
+    assert not ranks[1].process.is_alive()
 
 
 def test_a_rank_that_never_finishes_is_named_and_killed():
