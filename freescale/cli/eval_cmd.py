@@ -10,6 +10,7 @@ from freescale.cli.config_args import notice
 from freescale.config import CheckpointSection, OutputSection, TrainConfig
 from freescale.config.files import load_config
 from freescale.run.run_dir import in_run_dir
+from freescale.serving.checkpoint import confirm_code
 from freescale.state.checkpoint import find_checkpoint, read_manifest
 
 
@@ -32,6 +33,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="FILE.toml",
         help="the run's config file (e.g. runs/NAME/config.toml) instead of the checkpoint's",
     )
+    p.add_argument("--model", help="the run's model factory package.module:name, when not "
+                   "FreeScale's own (imported: name only code you trust)")  # fmt: skip
+    p.add_argument("--data", help="the run's data factory package.module:name, when not a "
+                   "built-in source (imported: name only code you trust)")  # fmt: skip
     p.set_defaults(run=run_eval)
 
 
@@ -47,6 +52,8 @@ def run_eval(args: argparse.Namespace) -> int:
         raise ValueError(f"no complete checkpoint in {where!r}")
     manifest = read_manifest(found)  # its config: nested, or flat (older checkpoints)
     saved = given or TrainConfig.from_dict(manifest["config"])
+    if given is None:  # the checkpoint's config: it may not choose the code that runs
+        confirm_code(saved, args.model, args.data, "eval")
     cfg = replace(
         saved.with_values(
             checkpoint=CheckpointSection(resume=str(found)),

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from freescale.config import BUILTIN_MODEL, TrainConfig
+from freescale.data.source import BUILTIN_KINDS
 from freescale.embedding.state.dcp_safe import SafeReader, read_metadata
 from freescale.models.contract import load_object
 from freescale.state.checkpoint import find_checkpoint, read_manifest
@@ -52,23 +53,34 @@ def manifest_sha256(checkpoint: Path) -> str:
     return sha256_file(checkpoint / MANIFEST)
 
 
+def confirm_code(config: TrainConfig, model: str | None, data: str | None, command: str) -> None:
+    """A checkpoint's config names its model factory and data source; code that
+    FreeScale does not ship runs only when the caller names the same
+    (``model`` / ``data``: ``module:name`` or None). One-line ValueError else."""
+    named = (
+        ("model", config.model.factory, model, config.model.factory in BUILTIN_FACTORIES),
+        ("data", config.data.source, data, config.data.source.partition(":")[0] in BUILTIN_KINDS),
+    )
+    for key, saved, given, shipped in named:
+        if given is None and not shipped:
+            raise ValueError(
+                f"{command}: the checkpoint was trained with {key}={saved}; name it (--{key} "
+                f"{saved}, or {key}= in Python) to import it: a checkpoint never chooses the "
+                "code that runs (docs/security.md)"
+            )
+        if given is not None and given != saved:
+            raise ValueError(
+                f"{command}: the checkpoint was trained with {key}={saved}, not {given}"
+            )
+
+
 def model_factory(config: TrainConfig, given: Any = None) -> Any:
     """The factory the run used: ``given`` (a factory or its ``module:name``) or,
     for FreeScale's own models, the one the checkpoint names."""
-    saved = config.model.factory
-    if given is None:
-        if saved not in BUILTIN_FACTORIES:
-            raise ValueError(
-                f"export: the checkpoint was trained with model={saved}; name it "
-                f"(--model {saved}, or model= in Python) to import it: a checkpoint "
-                "never chooses the code that runs (docs/security.md)"
-            )
-        given = saved
-    if isinstance(given, str):
-        if given != saved:
-            raise ValueError(f"export: the checkpoint was trained with model={saved}, not {given}")
-        return load_object(given, "model")
-    return given
+    if given is not None and not isinstance(given, str):
+        return given
+    confirm_code(config, given, config.data.source, "export")  # the model only
+    return load_object(config.model.factory, "model")
 
 
 def table_keys(model: nn.Module) -> dict[str, str]:

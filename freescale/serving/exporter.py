@@ -40,7 +40,7 @@ from torch import Tensor, nn
 
 import freescale
 from freescale.config import TrainConfig
-from freescale.data.source import BUILTIN_KINDS, schema_of
+from freescale.data.source import schema_of
 from freescale.jagged.batch import SampleBatch
 from freescale.jagged.schema import DataSchema
 from freescale.models.contract import check_model
@@ -222,14 +222,7 @@ def _source(config: TrainConfig, data: Any) -> Any:
     describes: a built-in kind, or a ``module:factory`` that ``data`` names."""
     if data is not None and not isinstance(data, str):
         return data
-    name = config.data.source
-    if name.partition(":")[0] not in BUILTIN_KINDS and data is None:
-        raise ValueError(
-            f"export: the checkpoint's data is {name}; name it (--data {name}, or data= in "
-            "Python) to import it: a checkpoint never chooses the code that runs"
-        )
-    if data is not None and data != name:
-        raise ValueError(f"export: the checkpoint's data is {name}, not {data}")
+    ck.confirm_code(config, config.model.factory, data, "export")  # the data only
     return make_source(config)
 
 
