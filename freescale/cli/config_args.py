@@ -27,6 +27,15 @@ def add_config_args(p: argparse.ArgumentParser, what: str = "override a config k
     )
 
 
+def add_code_args(p: argparse.ArgumentParser) -> None:
+    """``--model`` / ``--data``: code a checkpoint names, confirmed by the caller
+    (`freescale.serving.checkpoint.confirm_code`)."""
+    p.add_argument("--model", help="the run's model factory package.module:name, when not "
+                   "FreeScale's own (imported: name only code you trust)")  # fmt: skip
+    p.add_argument("--data", help="the run's data factory package.module:name, when not a "
+                   "built-in source (imported: name only code you trust)")  # fmt: skip
+
+
 def config_from_args(args: argparse.Namespace, overrides: list[str]) -> TrainConfig:
     """The config of ``--preset``, ``--config`` and ``overrides``, its empty
     paths under ``output.dir`` (`freescale.run.run_dir`); ValueError: one line."""

@@ -6,7 +6,7 @@ import argparse
 import json
 from dataclasses import replace
 
-from freescale.cli.config_args import notice
+from freescale.cli.config_args import add_code_args, notice
 from freescale.config import CheckpointSection, OutputSection, TrainConfig
 from freescale.config.files import load_config
 from freescale.run.run_dir import in_run_dir
@@ -33,10 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="FILE.toml",
         help="the run's config file (e.g. runs/NAME/config.toml) instead of the checkpoint's",
     )
-    p.add_argument("--model", help="the run's model factory package.module:name, when not "
-                   "FreeScale's own (imported: name only code you trust)")  # fmt: skip
-    p.add_argument("--data", help="the run's data factory package.module:name, when not a "
-                   "built-in source (imported: name only code you trust)")  # fmt: skip
+    add_code_args(p)
     p.set_defaults(run=run_eval)
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from freescale.cli.config_args import add_code_args
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -25,10 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="one program for every batch shape (default); --no-dynamic: the example's shapes",
     )
     p.add_argument("--aoti", action="store_true", help="also compile an AOTInductor package")
-    p.add_argument("--model", help="the run's model factory package.module:name, when not "
-                   "FreeScale's own (imported: name only code you trust)")  # fmt: skip
-    p.add_argument("--data", help="the run's data factory package.module:name, when not a "
-                   "built-in source (imported: name only code you trust)")  # fmt: skip
+    add_code_args(p)
     p.set_defaults(run=run_export)
 
 
