@@ -145,7 +145,8 @@ class _Locator:
 
     def line_of(self, section: str, key: str) -> int | None:
         """The first line setting ``key`` in ``section``'s table (or its header
-        for no key), else a line naming both (dotted keys, inline tables)."""
+        for no key, or the ``[section.key]`` table), else a line naming both
+        (dotted keys, inline tables)."""
         table = ""
         name = r"""["']?{}["']?"""
         header = re.compile(r"^\s*\[+\s*(?P<name>[^\]]+?)\s*\]")
@@ -156,7 +157,7 @@ class _Locator:
             head = header.match(line)
             if head:
                 table = head.group("name").replace('"', "").replace("'", "")
-                if (table, key) in ((section, ""), (f"{section}.options", "options")):
+                if table == (f"{section}.{key}" if key else section):  # [run], [run.KEY]
                     return number
                 continue
             if not key and not table and sectioned.search(line):

@@ -93,6 +93,7 @@ def test_a_small_file_sets_on_a_preset_and_set_wins(tmp_path, capsys):
         ("[model]\noptions = 3\n", 2, ["model.options must be a table"]),
         ("[evaluation]\nbatches = 0\n", 2, ["evaluation.batches must be >= 1"]),
         ('run = {steps = 3, warmup = "x"}\n', 1, ["run.warmup expects a int"]),
+        ("[run]\nsteps = 5\n[run.extra]\nx = 1\n", 3, ["unknown config key 'run.extra'"]),
     ],
 )
 def test_a_bad_file_is_one_line_naming_file_line_and_key(
