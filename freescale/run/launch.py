@@ -32,6 +32,7 @@ What the launcher guarantees:
 from __future__ import annotations
 
 import contextlib
+import glob
 import io
 import os
 import pickle
@@ -209,10 +210,14 @@ class JobFile:
     def __init__(self, job: RankJob) -> None:
         self.job, self.path = job, None
 
+    PREFIX = "freescale-job-"
+
     def __enter__(self) -> str | None:
         if self.job.model is None and self.job.data is None:
             return None
-        fd, self.path = tempfile.mkstemp(prefix="freescale-job-", suffix=".pkl")
+        self.sweep(tempfile.gettempdir())
+        prefix = f"{self.PREFIX}{os.getpid()}-"
+        fd, self.path = tempfile.mkstemp(prefix=prefix, suffix=".pkl")
         with os.fdopen(fd, "wb") as f:
             pickle.dump((self.job.model, self.job.data), f)
         return self.path
@@ -221,6 +226,27 @@ class JobFile:
         if self.path is not None:
             with contextlib.suppress(OSError):
                 os.unlink(self.path)
+
+    @classmethod
+    def sweep(cls, folder: str) -> None:
+        """Remove this user's job files whose launcher is gone (SIGKILLed before
+        its ``__exit__``): named by the launcher's pid, they are stale when no
+        process has it (a reused pid keeps a file: it is only left for later)."""
+        for path in glob.glob(os.path.join(folder, f"{cls.PREFIX}*-*.pkl")):
+            pid = os.path.basename(path)[len(cls.PREFIX) :].partition("-")[0]
+            with contextlib.suppress(OSError, ValueError):
+                if os.stat(path).st_uid == os.getuid() and not _alive(int(pid)):
+                    os.unlink(path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _rank_threads(nproc: int) -> int:

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from freescale.config import build_config
-from freescale.run.launch import launch
+from freescale.run.launch import JobFile, launch
 from freescale.run.rank_stderr import RankStderr
 from freescale.run.supervise import (
     ECHO_GRACE_S,
@@ -125,3 +125,18 @@ def test_a_rank_importing_an_unguarded_script_does_not_train_again(monkeypatch):
     monkeypatch.setattr(multiprocessing.current_process(), "_inheriting", True, raising=False)
     with pytest.raises(RuntimeError, match=r'under `if __name__ == "__main__":`$'):
         launch(build_config("demo"))
+
+
+def test_job_files_of_dead_launchers_are_swept(tmp_path):
+    """The Python API's pickled model and data (`JobFile`) outlive a SIGKILLed
+    launcher; the next launch removes them, and only them."""
+    gone = CTX.Process(target=os._exit, args=(0,))
+    gone.start()
+    gone.join()
+    stale = tmp_path / f"{JobFile.PREFIX}{gone.pid}-abc.pkl"
+    live = tmp_path / f"{JobFile.PREFIX}{os.getpid()}-def.pkl"
+    other = tmp_path / "freescale-job-notapid-x.pkl"
+    for path in (stale, live, other):
+        path.write_bytes(b"")
+    JobFile.sweep(str(tmp_path))
+    assert not stale.exists() and live.exists() and other.exists()
