@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = ["docs/your-model.md", "docs/serving.md"]
+PAGES = ["docs/your-model.md", "docs/serving.md", "docs/balance.md", "docs/embedding.md"]
 
 
 def _snippets(page: str) -> list[str]:
