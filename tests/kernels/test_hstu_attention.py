@@ -35,7 +35,7 @@ def _inputs(case: str, device: str, dtype: torch.dtype, heads: int, head_dim: in
 
 
 def _jagged_inputs(uih: list[int], cand: list[int], device: str, dtype: torch.dtype, heads: int,
-                   head_dim: int, seed: int):  # fmt: skip
+                   head_dim: int, seed: int, order: str = "chronological"):  # fmt: skip
     g = torch.Generator().manual_seed(seed)
     uo, co = _offsets(uih, device), _offsets(cand, device)
     n_u, n_c = sum(uih), sum(cand)
@@ -48,7 +48,12 @@ def _jagged_inputs(uih: list[int], cand: list[int], device: str, dtype: torch.dt
     # (past the last time bucket); candidates far in the future or equal.
     gaps = torch.randint(0, 4, (n_u,), generator=g) * torch.randint(0, 2**12, (n_u,), generator=g)
     gaps[::7] = 2**33
-    t_u = gaps.cumsum(0).to(device)
+    t_u = gaps.cumsum(0)
+    t_u = {
+        "chronological": t_u,
+        "reversed": t_u.flip(0),
+        "shuffled": t_u[torch.randperm(n_u, generator=g)],
+    }[order].to(device)
     t_c = torch.randint(0, 2**34, (n_c,), generator=g).to(device)
     tables = [(torch.randn(32, generator=g) * 0.5).to(device).requires_grad_() for _ in range(2)]
     return uo, co, (rows(n_u), rows(n_u), rows(n_u), rows(n_c)), (t_u, t_c), tables
@@ -95,9 +100,12 @@ def test_long_histories_match_the_twin_on_a_gpu(head_dim: int, bias: bool) -> No
 
 
 def _check_against_twin(uih: list[int], cand: list[int], device: str, bias: bool, uih_out: bool,
-                        heads: int, head_dim: int, seed: int) -> None:  # fmt: skip
+                        heads: int, head_dim: int, seed: int,
+                        order: str = "chronological") -> None:  # fmt: skip
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    uo, co, qkv, times, tables = _jagged_inputs(uih, cand, device, dtype, heads, head_dim, seed)
+    uo, co, qkv, times, tables = _jagged_inputs(
+        uih, cand, device, dtype, heads, head_dim, seed, order
+    )
     sched = K.Schedule(uo, co, qkv[0].shape[0], qkv[3].shape[0])
     extra = (*times, *tables) if bias else (None,) * 4
     got = K.hstu_attention(*qkv, sched, *extra, uih_out=uih_out)
@@ -126,6 +134,13 @@ def _check_against_twin(uih: list[int], cand: list[int], device: str, bias: bool
             continue
         terms = max(1, pairs) if name in ("dpos", "dtime") else longest
         assert_reordered_close(a.float(), e, terms=terms, depth=2, dtype=dtype, msg=name)
+
+
+@pytest.mark.parametrize("order", ["chronological", "reversed", "shuffled"])
+def test_histories_in_any_time_order_match_the_twin(triton_device: str, order: str) -> None:
+    """Several blocks per sample, so that tiles whose time differences all have
+    one sign (or both) take each of the kernels' one-sided and two-sided steps."""
+    _check_against_twin([300, 140], [2, 1], triton_device, True, True, 1, 8, seed=11, order=order)
 
 
 def test_backward_is_deterministic(triton_device: str) -> None:
