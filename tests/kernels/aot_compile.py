@@ -4,9 +4,13 @@ The CPU interpreter checks what kernels compute but not that they lower to
 PTX/cubin; this does (Triton's bundled ptxas, no driver needed). Run it in a
 process where TRITON_INTERPRET is unset:
 
-    python tests/kernels/aot_compile.py [--arch 90]
+    python tests/kernels/aot_compile.py [--arch 90] [--aligned] [--only NAME] [--dump DIR]
 
-Prints one line per variant and exits non-zero if any fails.
+Prints one line per variant and exits non-zero if any fails. ``--aligned``
+compiles what the JIT compiles for 16-byte aligned pointers and integer
+arguments divisible by 16 (the usual launch: vectorized loads, software
+pipelining); ``--dump`` writes each variant's TTGIR and cubin to read offline
+(``nvdisasm -c`` from Triton's ``backends/nvidia/bin``).
 """
 
 from __future__ import annotations
@@ -14,9 +18,11 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
+import re
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -173,6 +179,7 @@ def hstu_variants(quick: bool) -> Iterator[Variant]:
                 if p.name[0].isupper() and not p.is_constexpr and p.name not in ints}  # fmt: skip
         ptrs |= {n: i64 for n in ("T_u", "T_c", "UIH_OFF", "CAND_OFF", "ORDER")}
         ptrs |= {"BLOCK_START": "*i32", "POS": "*fp32", "TIME": "*fp32", "alpha": "fp32"}
+        ptrs |= {"PTHR": "*i32", "TTHR": "*i64"}  # bucket starts (`hstu._starts`)
         ptrs |= {"DPOS": "*fp32", "DTIME": "*fp32"}
         for bm, bn, _, _ in (CONFIGS[kind][0], CONFIGS[kind][-1]):
             consts = {"D": head_dim, "BM": bm, "BN": bn, "UIH_OUT": uih_out, "HAS_BIAS": bias,
@@ -207,11 +214,27 @@ def cross_attention_variants(quick: bool) -> Iterator[Variant]:
             yield f"cross.reduce {dt} D={dim} softmax={softmax}", cross._reduce_kernel, ptrs, consts
 
 
+def aligned(kernel, sig: dict) -> dict:
+    """The JIT's specialization of an aligned launch: every pointer and integer
+    argument divisible by 16 (those the kernel keeps unspecialized excepted)."""
+    attrs = {}
+    for i, p in enumerate(kernel.params):
+        if p.is_constexpr or p.do_not_specialize or sig[p.name].startswith("fp"):
+            continue
+        attrs[(i,)] = [["tt.divisibility", 16]]
+    return attrs
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", type=int, default=90, help="CUDA compute capability, e.g. 90")
     parser.add_argument("--ints", default="i32,i64", help="integer widths of runtime scalars")
     parser.add_argument("--quick", action="store_true", help="one variant per kernel body")
+    parser.add_argument(
+        "--aligned", action="store_true", help="as the JIT specializes an aligned launch"
+    )
+    parser.add_argument("--only", default="", help="variants whose name starts with this")
+    parser.add_argument("--dump", type=Path, help="write each variant's TTGIR and cubin here")
     args = parser.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("unset TRITON_INTERPRET: interpreted kernels cannot be compiled", file=sys.stderr)
@@ -220,11 +243,20 @@ def main() -> int:
     failures = 0
     cases = itertools.product(variants(args.quick), args.ints.split(","))
     for (name, kernel, ptrs, consts), ints in cases:
+        if not name.startswith(args.only):
+            continue
         start = time.perf_counter()
         try:
-            src = ASTSource(kernel, signature(kernel, ptrs, ints, consts), constexprs=consts)
+            sig = signature(kernel, ptrs, ints, consts)
+            attrs = aligned(kernel, sig) if args.aligned else None
+            src = ASTSource(kernel, sig, constexprs=consts, attrs=attrs)
             compiled = triton.compile(src, target=target)
             status = f"ok ({len(compiled.asm['cubin'])} B cubin)"
+            if args.dump:
+                stem = args.dump / re.sub(r"[^\w.=-]+", "_", f"{name} {ints}")
+                args.dump.mkdir(parents=True, exist_ok=True)
+                Path(f"{stem}.ttgir").write_text(compiled.asm["ttgir"])
+                Path(f"{stem}.cubin").write_bytes(compiled.asm["cubin"])
         except Exception as exc:  # report every failing variant, not just the first
             failures += 1
             status = f"FAILED: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"

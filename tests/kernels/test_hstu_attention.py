@@ -49,11 +49,10 @@ def _jagged_inputs(uih: list[int], cand: list[int], device: str, dtype: torch.dt
     gaps = torch.randint(0, 4, (n_u,), generator=g) * torch.randint(0, 2**12, (n_u,), generator=g)
     gaps[::7] = 2**33
     t_u = gaps.cumsum(0)
-    t_u = {
-        "chronological": t_u,
-        "reversed": t_u.flip(0),
-        "shuffled": t_u[torch.randperm(n_u, generator=g)],
-    }[order].to(device)
+    if order == "smooth":  # about a minute apart: one bucket boundary in most tiles
+        t_u = torch.randint(30, 90, (n_u,), generator=g).cumsum(0)
+    perm = torch.randperm(n_u, generator=g)
+    t_u = {"reversed": t_u.flip(0), "shuffled": t_u[perm]}.get(order, t_u).to(device)
     t_c = torch.randint(0, 2**34, (n_c,), generator=g).to(device)
     tables = [(torch.randn(32, generator=g) * 0.5).to(device).requires_grad_() for _ in range(2)]
     return uo, co, (rows(n_u), rows(n_u), rows(n_u), rows(n_c)), (t_u, t_c), tables
@@ -138,9 +137,16 @@ def _check_against_twin(uih: list[int], cand: list[int], device: str, bias: bool
 
 @pytest.mark.parametrize("order", ["chronological", "reversed", "shuffled"])
 def test_histories_in_any_time_order_match_the_twin(triton_device: str, order: str) -> None:
-    """Several blocks per sample, so that tiles whose time differences all have
-    one sign (or both) take each of the kernels' one-sided and two-sided steps."""
+    """Several blocks per sample, time differences of either sign in one tile."""
     _check_against_twin([300, 140], [2, 1], triton_device, True, True, 1, 8, seed=11, order=order)
+
+
+@pytest.mark.parametrize("uih_out", [True, False])
+def test_tiles_with_one_boundary_match_the_twin(triton_device: str, uih_out: bool) -> None:
+    """Histories long and smooth enough that most tiles off the diagonal hold one
+    position or time bucket boundary (the kernels' loop-free path) and the rest
+    several (their second pass)."""
+    _check_against_twin([900, 260], [3, 1], triton_device, True, uih_out, 1, 8, 12, "smooth")
 
 
 def test_backward_is_deterministic(triton_device: str) -> None:
