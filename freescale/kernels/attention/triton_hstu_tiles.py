@@ -249,8 +249,33 @@ def key_times(T_u, u0, j, L):
 
 
 @triton.jit
+def key_tile(T_u, u0, j, L, n0, BN: tl.constexpr, pr_lo, pr_hi, tr_lo, tr_hi):
+    """A key tile's times and the buckets it spans against a query block."""
+    tj, tj_lo, tj_hi = key_times(T_u, u0, j, L)
+    p_lo, p_hi, t_lo, t_hi = ranges(pr_lo, pr_hi, n0, n0 + BN - 1, tr_lo, tr_hi, tj_lo, tj_hi)
+    return tj, p_lo, p_hi, t_lo, t_hi
+
+
+@triton.jit
+def load_kv(kb, vb, j, sk, sv, d, mask):
+    """Keys and values ``j`` of one head (``kb``, ``vb``: its first row)."""
+    k = tl.load(kb + j[:, None] * sk + d[None, :], mask=mask, other=0.0)
+    v = tl.load(vb + j[:, None] * sv + d[None, :], mask=mask, other=0.0)
+    return k, v
+
+
+@triton.jit
 def scores(q, k, alpha, PREC: tl.constexpr):
     return tl.dot(q, tl.trans(k), input_precision=PREC) * alpha
+
+
+@triton.jit
+def biased_tile(q, kb, vb, j, sk, sv, d, mask, alpha, PREC: tl.constexpr, pr, tr, tj, p_lo, p_hi,
+                t_lo, t_hi, POS, TIME, PTHR, TTHR):  # fmt: skip
+    """(scores with the whole bias, keys, values) of one key tile (any tile)."""
+    k, v = load_kv(kb, vb, j, sk, sv, d, mask)
+    s = scores(q, k, alpha, PREC)
+    return add_bias(s, pr, j, tr, tj, p_lo, p_hi, t_lo, t_hi, POS, TIME, PTHR, TTHR), k, v
 
 
 @triton.jit
