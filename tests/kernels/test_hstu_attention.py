@@ -15,6 +15,16 @@ from freescale.testing.tolerance import assert_reordered_close
 
 pytestmark = pytest.mark.numeric
 
+
+@pytest.fixture(autouse=True)
+def _one_config(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test but the long GPU ones runs each kernel's first config: the
+    autotuner would compile and time every config at every new shape (minutes
+    on a GPU), and `test_every_config_matches_the_twin` checks each config."""
+    if "autotuned" not in request.keywords:
+        monkeypatch.setattr(K, "_pick", lambda kind, *_: K.CONFIGS[kind][0])
+
+
 # name: (history lengths, candidate counts)
 CASES = {
     "awkward": ([0, 1, 37, 5, 0, 70, 16, 17], [2, 0, 3, 1, 0, 4, 1, 9]),
@@ -91,11 +101,29 @@ LONG = (
 
 
 @pytest.mark.gpu
+@pytest.mark.autotuned
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("head_dim", [32, 64, 128])
 @pytest.mark.parametrize("bias", [True, False])
 def test_long_histories_match_the_twin_on_a_gpu(head_dim: int, bias: bool) -> None:
+    """With the autotuner's pick, as training runs them."""
     _check_against_twin(*LONG, "cuda", bias, True, 4, head_dim, seed=head_dim)
+
+
+@pytest.mark.parametrize("index", range(max(len(c) for c in K.CONFIGS.values())))
+def test_every_config_matches_the_twin(
+    triton_device: str, index: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Config ``index`` of each kernel (its last where it has fewer): the tile
+    sizes change which rows and keys share a block, its edges and masks."""
+    monkeypatch.setattr(
+        K, "_pick", lambda kind, *_: K.CONFIGS[kind][min(index, len(K.CONFIGS[kind]) - 1)]
+    )
+    head_dim = 64 if triton_device == "cuda" else 8
+    uih, cand = (
+        ([300, 0, 140, 65], [2, 3, 1, 0]) if triton_device == "cuda" else ([300, 140], [2, 1])
+    )
+    _check_against_twin(uih, cand, triton_device, True, True, 1, head_dim, 21 + index, "smooth")
 
 
 def _check_against_twin(uih: list[int], cand: list[int], device: str, bias: bool, uih_out: bool,
