@@ -40,6 +40,24 @@ def _dscore(s, da, FAST: tl.constexpr, half):
     return s * sig, da * sig * (1.0 + s * (1.0 - sig))
 
 
+@triton.jit
+def _q_do(Q_u, Q_c, DO_u, DO_c, sq_u, sq_uh, sq_c, sq_ch, sdo_u, sdo_uh, sdo_c, sdo_ch, h, r, L,
+          u0, c0, d, live):  # fmt: skip
+    """Query rows ``r`` of head ``h`` and their output gradients (in q's dtype)."""
+    q = tl.load(rows(Q_u, sq_u, sq_uh, Q_c, sq_c, sq_ch, h, r, L, u0, c0, d), mask=live, other=0.0)
+    do = tl.load(
+        rows(DO_u, sdo_u, sdo_uh, DO_c, sdo_c, sdo_ch, h, r, L, u0, c0, d), mask=live, other=0.0
+    )
+    return q, do.to(q.dtype)
+
+
+@triton.jit
+def _row_ranges(r0, BM: tl.constexpr, L, n0, BN: tl.constexpr, tr_lo, tr_hi, tj_lo, tj_hi):
+    """The buckets a row block spans against the program's key block."""
+    lo, hi = tl.minimum(r0, L), tl.minimum(r0 + BM - 1, L)
+    return ranges(lo, hi, n0, n0 + BN - 1, tr_lo, tr_hi, tj_lo, tj_hi)
+
+
 @triton.jit(do_not_specialize=["n_samples", "alpha"])
 def _dq_kernel(
     Q_u, K_u, V_u, Q_c, DO_u, DO_c, DQ_u, DQ_c, T_u, T_c, UIH_OFF, CAND_OFF, ORDER, BLOCK_START,
@@ -58,13 +76,8 @@ def _dq_kernel(
     d = tl.arange(0, D)
     dmask = (d < DH)[None, :]
     live = (r < L + C)[:, None] & dmask
-    q = tl.load(rows(Q_u, sq_u, sq_uh, Q_c, sq_c, sq_ch, h, r, L, u0, c0, d),
-                mask=live, other=0.0)  # fmt: skip
-    do = tl.load(
-        rows(DO_u, sdo_u, sdo_uh, DO_c, sdo_c, sdo_ch, h, r, L, u0, c0, d),
-        mask=live,
-        other=0.0,
-    ).to(q.dtype)
+    q, do = _q_do(Q_u, Q_c, DO_u, DO_c, sq_u, sq_uh, sq_c, sq_ch, sdo_u, sdo_uh, sdo_c, sdo_ch, h,
+                  r, L, u0, c0, d, live)  # fmt: skip
     pr, tr, tr_lo, tr_hi = qrow_setup(r, L, C, u0, c0, T_u, T_c, HAS_BIAS)
     pr_lo = tl.minimum(r0, L)
     pr_hi = tl.minimum(r0 + BM - 1, L)
@@ -155,20 +168,31 @@ def _dkdv_kernel(
     for r0 in range(start, diag_end, BM):
         r = r0 + tl.arange(0, BM)
         live = (r < rend)[:, None] & dmask
-        q = tl.load(
-            rows(Q_u, sq_u, sq_uh, Q_c, sq_c, sq_ch, h, r, L, u0, c0, d), mask=live, other=0.0
+        q, do = _q_do(
+            Q_u,
+            Q_c,
+            DO_u,
+            DO_c,
+            sq_u,
+            sq_uh,
+            sq_c,
+            sq_ch,
+            sdo_u,
+            sdo_uh,
+            sdo_c,
+            sdo_ch,
+            h,
+            r,
+            L,
+            u0,
+            c0,
+            d,
+            live,
         )
-        do = tl.load(
-            rows(DO_u, sdo_u, sdo_uh, DO_c, sdo_c, sdo_ch, h, r, L, u0, c0, d),
-            mask=live,
-            other=0.0,
-        )
-        do = do.to(q.dtype)
         pr, tr, tr_lo, tr_hi = qrow_setup(r, L, C, u0, c0, T_u, T_c, HAS_BIAS)
         s = scores(q, k, alpha, PREC)
         if HAS_BIAS:
-            p_lo, p_hi, t_lo, t_hi = ranges(tl.minimum(r0, L), tl.minimum(r0 + BM - 1, L), n0,
-                                             n0 + BN - 1, tr_lo, tr_hi, tj_lo, tj_hi)  # fmt: skip
+            p_lo, p_hi, t_lo, t_hi = _row_ranges(r0, BM, L, n0, BN, tr_lo, tr_hi, tj_lo, tj_hi)
             s = add_bias(s, pr, j, tr, tj, p_lo, p_hi, t_lo, t_hi, POS, TIME, PTHR, TTHR)
         a, ds = _dscore(s, tl.dot(do, tl.trans(v), input_precision=PREC), FAST, 0.5)
         seen = (j[None, :] <= r[:, None]) | (r[:, None] >= L)
@@ -185,21 +209,32 @@ def _dkdv_kernel(
     for r0 in range(diag_end, rend, BM):
         r = r0 + tl.arange(0, BM)
         live = (r < rend)[:, None] & dmask
-        q = tl.load(
-            rows(Q_u, sq_u, sq_uh, Q_c, sq_c, sq_ch, h, r, L, u0, c0, d), mask=live, other=0.0
+        q, do = _q_do(
+            Q_u,
+            Q_c,
+            DO_u,
+            DO_c,
+            sq_u,
+            sq_uh,
+            sq_c,
+            sq_ch,
+            sdo_u,
+            sdo_uh,
+            sdo_c,
+            sdo_ch,
+            h,
+            r,
+            L,
+            u0,
+            c0,
+            d,
+            live,
         )
-        do = tl.load(
-            rows(DO_u, sdo_u, sdo_uh, DO_c, sdo_c, sdo_ch, h, r, L, u0, c0, d),
-            mask=live,
-            other=0.0,
-        )
-        do = do.to(q.dtype)
         pr, tr, tr_lo, tr_hi = qrow_setup(r, L, C, u0, c0, T_u, T_c, HAS_BIAS)
         s = scores(q, k, alpha, PREC)
         half = 0.5
         if HAS_BIAS:
-            p_lo, p_hi, t_lo, t_hi = ranges(tl.minimum(r0, L), tl.minimum(r0 + BM - 1, L), n0,
-                                             n0 + BN - 1, tr_lo, tr_hi, tj_lo, tj_hi)  # fmt: skip
+            p_lo, p_hi, t_lo, t_hi = _row_ranges(r0, BM, L, n0, BN, tr_lo, tr_hi, tj_lo, tj_hi)
             s = light_bias(s, pr, j, tr, tj, p_lo, p_hi, t_lo, t_hi, POS, TIME, PTHR, TTHR)
             half = tl.where(is_light(p_lo, p_hi, t_lo, t_hi), 0.5, 0.0)
         a, ds = _dscore(s, tl.dot(do, tl.trans(v), input_precision=PREC), FAST, half)
@@ -213,20 +248,30 @@ def _dkdv_kernel(
         for r0 in range(diag_end, rend, BM):
             r = r0 + tl.arange(0, BM)
             pr, tr, tr_lo, tr_hi = qrow_setup(r, L, C, u0, c0, T_u, T_c, HAS_BIAS)
-            p_lo, p_hi, t_lo, t_hi = ranges(tl.minimum(r0, L), tl.minimum(r0 + BM - 1, L), n0,
-                                             n0 + BN - 1, tr_lo, tr_hi, tj_lo, tj_hi)  # fmt: skip
+            p_lo, p_hi, t_lo, t_hi = _row_ranges(r0, BM, L, n0, BN, tr_lo, tr_hi, tj_lo, tj_hi)
             if not is_light(p_lo, p_hi, t_lo, t_hi):
                 live = (r < rend)[:, None] & dmask
-                q = tl.load(
-                    rows(Q_u, sq_u, sq_uh, Q_c, sq_c, sq_ch, h, r, L, u0, c0, d),
-                    mask=live,
-                    other=0.0,
+                q, do = _q_do(
+                    Q_u,
+                    Q_c,
+                    DO_u,
+                    DO_c,
+                    sq_u,
+                    sq_uh,
+                    sq_c,
+                    sq_ch,
+                    sdo_u,
+                    sdo_uh,
+                    sdo_c,
+                    sdo_ch,
+                    h,
+                    r,
+                    L,
+                    u0,
+                    c0,
+                    d,
+                    live,
                 )
-                do = tl.load(
-                    rows(DO_u, sdo_u, sdo_uh, DO_c, sdo_c, sdo_ch, h, r, L, u0, c0, d),
-                    mask=live,
-                    other=0.0,
-                ).to(q.dtype)
                 s = scores(q, k, alpha, PREC)
                 s = add_bias(s, pr, j, tr, tj, p_lo, p_hi, t_lo, t_hi, POS, TIME, PTHR, TTHR)
                 a, ds = _dscore(s, tl.dot(do, tl.trans(v), input_precision=PREC), FAST, 0.5)
