@@ -199,19 +199,19 @@ def cross_attention_variants(quick: bool) -> Iterator[Variant]:
         tiles = {"H": 4, "D": dim, "BLOCK_M": cross.BLOCK_M, "BLOCK_N": 64, "PRECISION": precision}
         ptrs = plan | {"q": dt, "k": dt, "v": dt, "part_o": f32, "part_lse": f32}
         ptrs["qk_scale"] = "fp32"
-        yield f"cross.fwd_split {dt} D={dim}", cross._fwd_split_kernel, ptrs, tiles
+        yield f"cross.fwd_split {dt} D={dim}", cross._cross_attn_fwd_split, ptrs, tiles
         ptrs = ptrs | {"do": dt, "lse": f32, "delta": f32, "dk": dt, "dv": dt, "part_dq": f32,
                        "sm_scale": "fp32"}  # fmt: skip
         yield (
             f"cross.bwd_split {dt} D={dim}",
-            cross._bwd_split_kernel,
+            cross._cross_attn_bwd_split,
             ptrs,
             tiles | {"MIN_CHUNK": 256},
         )
         for softmax in (True, False):
             ptrs = plan | {"part_o": f32, "part_lse": f32, "out": dt, "lse": f32 if softmax else dt}
             consts = {"H": 4, "D": dim, "SOFTMAX": softmax}
-            yield f"cross.reduce {dt} D={dim} softmax={softmax}", cross._reduce_kernel, ptrs, consts
+            yield f"cross.reduce {dt} D={dim} softmax={softmax}", cross._cross_attn_reduce, ptrs, consts
 
 
 def aligned(kernel, sig: dict) -> dict:

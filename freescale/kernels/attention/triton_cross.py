@@ -81,7 +81,7 @@ def _sample_of(bounds, x, n, n_steps):
 
 
 @triton.jit(do_not_specialize=["n_samples", "n_steps"])
-def _fwd_split_kernel(
+def _cross_attn_fwd_split(
     q, k, v, sq_row, sq_head, sk_row, sk_head, sv_row, sv_head,
     q_offsets, k_offsets, chunk_offsets, span, part_offsets, part_o, part_lse,
     n_samples, n_steps, qk_scale,
@@ -135,7 +135,7 @@ def _fwd_split_kernel(
 
 
 @triton.jit(do_not_specialize=["n_samples", "n_steps"])
-def _reduce_kernel(
+def _cross_attn_reduce(
     part_o, part_lse, out, lse, q_offsets, chunk_offsets, part_offsets, n_samples, n_steps,
     H: tl.constexpr, D: tl.constexpr, SOFTMAX: tl.constexpr,
 ):  # fmt: skip
@@ -172,7 +172,7 @@ def _reduce_kernel(
 
 
 @triton.jit(do_not_specialize=["n_samples", "n_steps", "n_rows"])
-def _bwd_split_kernel(
+def _cross_attn_bwd_split(
     q, k, v, do, sq_row, sq_head, sk_row, sk_head, sv_row, sv_head, sdo_row, sdo_head,
     lse, delta, dk, dv, part_dq, q_offsets, k_offsets, chunk_offsets, span, part_offsets,
     n_samples, n_steps, n_rows, qk_scale, sm_scale,
@@ -254,7 +254,7 @@ def _check(q: Tensor, k: Tensor, v: Tensor, plan: CrossPlan) -> None:
         raise ValueError(f"head dim must be one of {HEAD_DIMS}, got {q.shape[-1]}")
     if not q.dtype == k.dtype == v.dtype or not q.is_floating_point():
         raise ValueError(f"q, k, v must share one float dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    check_launchable(_fwd_split_kernel, q.device)
+    check_launchable(_cross_attn_fwd_split, q.device)
 
 
 def _rows(t: Tensor) -> Tensor:
@@ -288,13 +288,13 @@ def forward(q: Tensor, k: Tensor, v: Tensor, plan: CrossPlan) -> tuple[Tensor, T
     steps = search_steps(b)
     scale = LOG2E / math.sqrt(dim)
     grid = (plan.max_chunks(k.shape[0]), heads)
-    _fwd_split_kernel[grid](
+    _cross_attn_fwd_split[grid](
         q, k, v, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         plan.q_offsets, plan.k_offsets, plan.chunk_offsets, plan.span, plan.part_offsets,
         part_o, part_lse, b, steps, scale, H=heads, D=dim, BLOCK_M=BLOCK_M,
         BLOCK_N=plan.block_n, PRECISION=_precision(q), num_warps=_warps(dim),
     )  # fmt: skip
-    _reduce_kernel[(n_q, heads)](
+    _cross_attn_reduce[(n_q, heads)](
         part_o, part_lse, out, lse, plan.q_offsets, plan.chunk_offsets, plan.part_offsets,
         b, steps, H=heads, D=dim, SOFTMAX=True,
     )  # fmt: skip
@@ -319,7 +319,7 @@ def backward(
     steps = search_steps(b)
     sm_scale = 1.0 / math.sqrt(dim)
     grid = (plan.max_chunks(k.shape[0]), heads)
-    _bwd_split_kernel[grid](
+    _cross_attn_bwd_split[grid](
         q, k, v, grad, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
         v.stride(1), grad.stride(0), grad.stride(1), lse, delta, dk, dv, part_dq,
         plan.q_offsets, plan.k_offsets, plan.chunk_offsets, plan.span, plan.part_offsets,
@@ -328,7 +328,7 @@ def backward(
         num_warps=_warps(dim),
     )  # fmt: skip
     if n_q:
-        _reduce_kernel[(n_q, heads)](
+        _cross_attn_reduce[(n_q, heads)](
             part_dq, part_dq, dq, dq, plan.q_offsets, plan.chunk_offsets, plan.part_offsets,
             b, steps, H=heads, D=dim, SOFTMAX=False,
         )  # fmt: skip
