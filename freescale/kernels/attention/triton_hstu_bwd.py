@@ -15,47 +15,22 @@ from freescale.kernels.attention.triton_hstu_tiles import (
     T_NB,
     add_bias,
     bias_grads,
-    biased_tile,
     find,
-    gated_sigmoid,
-    is_light,
-    key_tile,
     key_times,
-    light_bias,
-    light_grads,
-    load_kv,
     qrow_setup,
     query_block,
     ranges,
     rows,
     scores,
+    sigmoid,
 )
 
 
 @triton.jit
-def _dscore(s, da, FAST: tl.constexpr, half):
-    """(SiLU(s), dL/ds) given dL/dSiLU(s) = da; both zero where ``half`` is 0
-    (`gated_sigmoid`)."""
-    sig = gated_sigmoid(s, FAST, half)
+def _dscore(s, da, FAST: tl.constexpr):
+    """(SiLU(s), dL/ds) given dL/dSiLU(s) = da."""
+    sig = sigmoid(s, FAST)
     return s * sig, da * sig * (1.0 + s * (1.0 - sig))
-
-
-@triton.jit
-def _q_do(Q_u, Q_c, DO_u, DO_c, sq_u, sq_uh, sq_c, sq_ch, sdo_u, sdo_uh, sdo_c, sdo_ch, h, r, L,
-          u0, c0, d, live):  # fmt: skip
-    """Query rows ``r`` of head ``h`` and their output gradients (in q's dtype)."""
-    q = tl.load(rows(Q_u, sq_u, sq_uh, Q_c, sq_c, sq_ch, h, r, L, u0, c0, d), mask=live, other=0.0)
-    do = tl.load(
-        rows(DO_u, sdo_u, sdo_uh, DO_c, sdo_c, sdo_ch, h, r, L, u0, c0, d), mask=live, other=0.0
-    )
-    return q, do.to(q.dtype)
-
-
-@triton.jit
-def _row_ranges(r0, BM: tl.constexpr, L, n0, BN: tl.constexpr, tr_lo, tr_hi, tj_lo, tj_hi):
-    """The buckets a row block spans against the program's key block."""
-    lo, hi = tl.minimum(r0, L), tl.minimum(r0 + BM - 1, L)
-    return ranges(lo, hi, n0, n0 + BN - 1, tr_lo, tr_hi, tj_lo, tj_hi)
 
 
 @triton.jit(do_not_specialize=["n_samples", "alpha"])
@@ -76,8 +51,13 @@ def _dq_kernel(
     d = tl.arange(0, D)
     dmask = (d < DH)[None, :]
     live = (r < L + C)[:, None] & dmask
-    q, do = _q_do(Q_u, Q_c, DO_u, DO_c, sq_u, sq_uh, sq_c, sq_ch, sdo_u, sdo_uh, sdo_c, sdo_ch, h,
-                  r, L, u0, c0, d, live)  # fmt: skip
+    q = tl.load(rows(Q_u, sq_u, sq_uh, Q_c, sq_c, sq_ch, h, r, L, u0, c0, d),
+                mask=live, other=0.0)  # fmt: skip
+    do = tl.load(
+        rows(DO_u, sdo_u, sdo_uh, DO_c, sdo_c, sdo_ch, h, r, L, u0, c0, d),
+        mask=live,
+        other=0.0,
+    ).to(q.dtype)
     pr, tr, tr_lo, tr_hi = qrow_setup(r, L, C, u0, c0, T_u, T_c, HAS_BIAS)
     pr_lo = tl.minimum(r0, L)
     pr_hi = tl.minimum(r0 + BM - 1, L)
@@ -86,36 +66,32 @@ def _dq_kernel(
     full_end = (tl.minimum(r0 + 1, L) // BN) * BN
     kb = K_u + u0 * sk_u + h * sk_uh
     vb = V_u + u0 * sv_u + h * sv_uh
-    # Off the diagonal: light tiles here (no loop in the body), the rest after.
     for n0 in range(0, full_end, BN):
         j = n0 + tl.arange(0, BN)
-        k, v = load_kv(kb, vb, j, sk_u, sv_u, d, dmask)
+        k = tl.load(kb + j[:, None] * sk_u + d[None, :], mask=dmask, other=0.0)
+        v = tl.load(vb + j[:, None] * sv_u + d[None, :], mask=dmask, other=0.0)
         s = scores(q, k, alpha, PREC)
-        half = 0.5
         if HAS_BIAS:
-            tj, p_lo, p_hi, t_lo, t_hi = key_tile(T_u, u0, j, L, n0, BN, pr_lo, pr_hi, tr_lo, tr_hi)
-            s = light_bias(s, pr, j, tr, tj, p_lo, p_hi, t_lo, t_hi, POS, TIME, PTHR, TTHR)
-            half = tl.where(is_light(p_lo, p_hi, t_lo, t_hi), 0.5, 0.0)
-        _, ds = _dscore(s, tl.dot(do, tl.trans(v), input_precision=PREC), FAST, half)
+            tj, tj_lo, tj_hi = key_times(T_u, u0, j, L)
+            p_lo, p_hi, t_lo, t_hi = ranges(
+                pr_lo, pr_hi, n0, n0 + BN - 1, tr_lo, tr_hi, tj_lo, tj_hi
+            )
+            s = add_bias(s, pr, j, tr, tj, p_lo, p_hi, t_lo, t_hi, POS, TIME, PTHR, TTHR)
+        _, ds = _dscore(s, tl.dot(do, tl.trans(v), input_precision=PREC), FAST)
         acc += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
-    if HAS_BIAS:
-        for n0 in range(0, full_end, BN):
-            j = n0 + tl.arange(0, BN)
-            tj, p_lo, p_hi, t_lo, t_hi = key_tile(T_u, u0, j, L, n0, BN, pr_lo, pr_hi, tr_lo, tr_hi)
-            if not is_light(p_lo, p_hi, t_lo, t_hi):
-                s, k, v = biased_tile(q, kb, vb, j, sk_u, sv_u, d, dmask, alpha, PREC, pr, tr, tj,
-                                      p_lo, p_hi, t_lo, t_hi, POS, TIME, PTHR, TTHR)  # fmt: skip
-                _, ds = _dscore(s, tl.dot(do, tl.trans(v), input_precision=PREC), FAST, 0.5)
-                acc += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
     for n0 in range(full_end, kend, BN):
         j = n0 + tl.arange(0, BN)
         kmask = (j < L)[:, None] & dmask
-        k, v = load_kv(kb, vb, j, sk_u, sv_u, d, kmask)
+        k = tl.load(kb + j[:, None] * sk_u + d[None, :], mask=kmask, other=0.0)
+        v = tl.load(vb + j[:, None] * sv_u + d[None, :], mask=kmask, other=0.0)
         s = scores(q, k, alpha, PREC)
         if HAS_BIAS:
-            tj, p_lo, p_hi, t_lo, t_hi = key_tile(T_u, u0, j, L, n0, BN, pr_lo, pr_hi, tr_lo, tr_hi)
+            tj, tj_lo, tj_hi = key_times(T_u, u0, j, L)
+            p_lo, p_hi, t_lo, t_hi = ranges(
+                pr_lo, pr_hi, n0, n0 + BN - 1, tr_lo, tr_hi, tj_lo, tj_hi
+            )
             s = add_bias(s, pr, j, tr, tj, p_lo, p_hi, t_lo, t_hi, POS, TIME, PTHR, TTHR)
-        _, ds = _dscore(s, tl.dot(do, tl.trans(v), input_precision=PREC), FAST, 0.5)
+        _, ds = _dscore(s, tl.dot(do, tl.trans(v), input_precision=PREC), FAST)
         ds = tl.where((j[None, :] <= r[:, None]) | (r[:, None] >= L), ds, 0.0)
         acc += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
     acc = acc * (alpha / (L + 1).to(tl.float32))
@@ -168,33 +144,22 @@ def _dkdv_kernel(
     for r0 in range(start, diag_end, BM):
         r = r0 + tl.arange(0, BM)
         live = (r < rend)[:, None] & dmask
-        q, do = _q_do(
-            Q_u,
-            Q_c,
-            DO_u,
-            DO_c,
-            sq_u,
-            sq_uh,
-            sq_c,
-            sq_ch,
-            sdo_u,
-            sdo_uh,
-            sdo_c,
-            sdo_ch,
-            h,
-            r,
-            L,
-            u0,
-            c0,
-            d,
-            live,
+        q = tl.load(
+            rows(Q_u, sq_u, sq_uh, Q_c, sq_c, sq_ch, h, r, L, u0, c0, d), mask=live, other=0.0
         )
+        do = tl.load(
+            rows(DO_u, sdo_u, sdo_uh, DO_c, sdo_c, sdo_ch, h, r, L, u0, c0, d),
+            mask=live,
+            other=0.0,
+        )
+        do = do.to(q.dtype)
         pr, tr, tr_lo, tr_hi = qrow_setup(r, L, C, u0, c0, T_u, T_c, HAS_BIAS)
         s = scores(q, k, alpha, PREC)
         if HAS_BIAS:
-            p_lo, p_hi, t_lo, t_hi = _row_ranges(r0, BM, L, n0, BN, tr_lo, tr_hi, tj_lo, tj_hi)
+            p_lo, p_hi, t_lo, t_hi = ranges(tl.minimum(r0, L), tl.minimum(r0 + BM - 1, L), n0,
+                                             n0 + BN - 1, tr_lo, tr_hi, tj_lo, tj_hi)  # fmt: skip
             s = add_bias(s, pr, j, tr, tj, p_lo, p_hi, t_lo, t_hi, POS, TIME, PTHR, TTHR)
-        a, ds = _dscore(s, tl.dot(do, tl.trans(v), input_precision=PREC), FAST, 0.5)
+        a, ds = _dscore(s, tl.dot(do, tl.trans(v), input_precision=PREC), FAST)
         seen = (j[None, :] <= r[:, None]) | (r[:, None] >= L)
         a = tl.where(seen, a, 0.0)
         ds = tl.where(seen, ds, 0.0)
@@ -204,82 +169,32 @@ def _dkdv_kernel(
             dpos, dtime = bias_grads(
                 dpos, dtime, ds, pr, j, tr, tj, p_lo, p_hi, t_lo, t_hi, PTHR, TTHR
             )
-    # Rows past every key of the block: no mask (missing rows load as zeros);
-    # light tiles here (no loop in the body), the rest after.
+    # Rows past every key of the block: no mask (missing rows load as zeros).
     for r0 in range(diag_end, rend, BM):
         r = r0 + tl.arange(0, BM)
         live = (r < rend)[:, None] & dmask
-        q, do = _q_do(
-            Q_u,
-            Q_c,
-            DO_u,
-            DO_c,
-            sq_u,
-            sq_uh,
-            sq_c,
-            sq_ch,
-            sdo_u,
-            sdo_uh,
-            sdo_c,
-            sdo_ch,
-            h,
-            r,
-            L,
-            u0,
-            c0,
-            d,
-            live,
+        q = tl.load(
+            rows(Q_u, sq_u, sq_uh, Q_c, sq_c, sq_ch, h, r, L, u0, c0, d), mask=live, other=0.0
         )
+        do = tl.load(
+            rows(DO_u, sdo_u, sdo_uh, DO_c, sdo_c, sdo_ch, h, r, L, u0, c0, d),
+            mask=live,
+            other=0.0,
+        )
+        do = do.to(q.dtype)
         pr, tr, tr_lo, tr_hi = qrow_setup(r, L, C, u0, c0, T_u, T_c, HAS_BIAS)
         s = scores(q, k, alpha, PREC)
-        half = 0.5
         if HAS_BIAS:
-            p_lo, p_hi, t_lo, t_hi = _row_ranges(r0, BM, L, n0, BN, tr_lo, tr_hi, tj_lo, tj_hi)
-            s = light_bias(s, pr, j, tr, tj, p_lo, p_hi, t_lo, t_hi, POS, TIME, PTHR, TTHR)
-            half = tl.where(is_light(p_lo, p_hi, t_lo, t_hi), 0.5, 0.0)
-        a, ds = _dscore(s, tl.dot(do, tl.trans(v), input_precision=PREC), FAST, half)
+            p_lo, p_hi, t_lo, t_hi = ranges(tl.minimum(r0, L), tl.minimum(r0 + BM - 1, L), n0,
+                                             n0 + BN - 1, tr_lo, tr_hi, tj_lo, tj_hi)  # fmt: skip
+            s = add_bias(s, pr, j, tr, tj, p_lo, p_hi, t_lo, t_hi, POS, TIME, PTHR, TTHR)
+        a, ds = _dscore(s, tl.dot(do, tl.trans(v), input_precision=PREC), FAST)
         dv += tl.dot(tl.trans(a.to(do.dtype)), do, input_precision=PREC)
         dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PREC)
         if HAS_BIAS:
-            dpos, dtime = light_grads(
+            dpos, dtime = bias_grads(
                 dpos, dtime, ds, pr, j, tr, tj, p_lo, p_hi, t_lo, t_hi, PTHR, TTHR
             )
-    if HAS_BIAS:
-        for r0 in range(diag_end, rend, BM):
-            r = r0 + tl.arange(0, BM)
-            pr, tr, tr_lo, tr_hi = qrow_setup(r, L, C, u0, c0, T_u, T_c, HAS_BIAS)
-            p_lo, p_hi, t_lo, t_hi = _row_ranges(r0, BM, L, n0, BN, tr_lo, tr_hi, tj_lo, tj_hi)
-            if not is_light(p_lo, p_hi, t_lo, t_hi):
-                live = (r < rend)[:, None] & dmask
-                q, do = _q_do(
-                    Q_u,
-                    Q_c,
-                    DO_u,
-                    DO_c,
-                    sq_u,
-                    sq_uh,
-                    sq_c,
-                    sq_ch,
-                    sdo_u,
-                    sdo_uh,
-                    sdo_c,
-                    sdo_ch,
-                    h,
-                    r,
-                    L,
-                    u0,
-                    c0,
-                    d,
-                    live,
-                )
-                s = scores(q, k, alpha, PREC)
-                s = add_bias(s, pr, j, tr, tj, p_lo, p_hi, t_lo, t_hi, POS, TIME, PTHR, TTHR)
-                a, ds = _dscore(s, tl.dot(do, tl.trans(v), input_precision=PREC), FAST, 0.5)
-                dv += tl.dot(tl.trans(a.to(do.dtype)), do, input_precision=PREC)
-                dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PREC)
-                dpos, dtime = bias_grads(
-                    dpos, dtime, ds, pr, j, tr, tj, p_lo, p_hi, t_lo, t_hi, PTHR, TTHR
-                )
     inv_n = 1.0 / (L + 1).to(tl.float32)
     out = (j < L)[:, None] & dmask
     dkp = DK + (u0 + j)[:, None] * sdk + h * sdkh + d[None, :]

@@ -9,14 +9,10 @@ import triton.language as tl
 
 from freescale.kernels.attention.triton_hstu_tiles import (
     add_bias,
-    biased_tile,
-    gated_sigmoid,
-    is_light,
-    key_tile,
-    light_bias,
-    load_kv,
+    key_times,
     qrow_setup,
     query_block,
+    ranges,
     rows,
     scores,
     sigmoid,
@@ -50,39 +46,32 @@ def _fwd_kernel(
     full_end = (tl.minimum(r0 + 1, L) // BN) * BN
     kb = K_u + u0 * sk_u + h * sk_uh
     vb = V_u + u0 * sv_u + h * sv_uh
-    # Key blocks every row of the block sees whole: no mask, no loop in the body
-    # (so the loads are pipelined); a tile with more than one bias boundary of
-    # a table contributes nothing here and is done by the pass after it.
+    # Key blocks every row of the block sees whole: no mask.
     for n0 in range(0, full_end, BN):
         j = n0 + tl.arange(0, BN)
-        k, v = load_kv(kb, vb, j, sk_u, sv_u, d, dmask)
+        k = tl.load(kb + j[:, None] * sk_u + d[None, :], mask=dmask, other=0.0)
+        v = tl.load(vb + j[:, None] * sv_u + d[None, :], mask=dmask, other=0.0)
         s = scores(q, k, alpha, PREC)
-        half = 0.5
         if HAS_BIAS:
-            tj, p_lo, p_hi, t_lo, t_hi = key_tile(T_u, u0, j, L, n0, BN, pr_lo, pr_hi, tr_lo, tr_hi)
-            s = light_bias(s, pr, j, tr, tj, p_lo, p_hi, t_lo, t_hi, POS, TIME, PTHR, TTHR)
-            half = tl.where(is_light(p_lo, p_hi, t_lo, t_hi), 0.5, 0.0)
-        a = s * gated_sigmoid(s, FAST, half)
+            tj, tj_lo, tj_hi = key_times(T_u, u0, j, L)
+            p_lo, p_hi, t_lo, t_hi = ranges(
+                pr_lo, pr_hi, n0, n0 + BN - 1, tr_lo, tr_hi, tj_lo, tj_hi
+            )
+            s = add_bias(s, pr, j, tr, tj, p_lo, p_hi, t_lo, t_hi, POS, TIME, PTHR, TTHR)
+        a = s * sigmoid(s, FAST)
         acc += tl.dot(a.to(v.dtype), v, input_precision=PREC)
-    # The tiles left out above (near the diagonal, or bursts in time), stepping
-    # over every boundary.
-    if HAS_BIAS:
-        for n0 in range(0, full_end, BN):
-            j = n0 + tl.arange(0, BN)
-            tj, p_lo, p_hi, t_lo, t_hi = key_tile(T_u, u0, j, L, n0, BN, pr_lo, pr_hi, tr_lo, tr_hi)
-            if not is_light(p_lo, p_hi, t_lo, t_hi):
-                s, k, v = biased_tile(q, kb, vb, j, sk_u, sv_u, d, dmask, alpha, PREC, pr, tr, tj,
-                                      p_lo, p_hi, t_lo, t_hi, POS, TIME, PTHR, TTHR)  # fmt: skip
-                a = s * sigmoid(s, FAST)
-                acc += tl.dot(a.to(v.dtype), v, input_precision=PREC)
     # The diagonal and the history's end: causal and length masks.
     for n0 in range(full_end, kend, BN):
         j = n0 + tl.arange(0, BN)
         kmask = (j < L)[:, None] & dmask
-        k, v = load_kv(kb, vb, j, sk_u, sv_u, d, kmask)
+        k = tl.load(kb + j[:, None] * sk_u + d[None, :], mask=kmask, other=0.0)
+        v = tl.load(vb + j[:, None] * sv_u + d[None, :], mask=kmask, other=0.0)
         s = scores(q, k, alpha, PREC)
         if HAS_BIAS:
-            tj, p_lo, p_hi, t_lo, t_hi = key_tile(T_u, u0, j, L, n0, BN, pr_lo, pr_hi, tr_lo, tr_hi)
+            tj, tj_lo, tj_hi = key_times(T_u, u0, j, L)
+            p_lo, p_hi, t_lo, t_hi = ranges(
+                pr_lo, pr_hi, n0, n0 + BN - 1, tr_lo, tr_hi, tj_lo, tj_hi
+            )
             s = add_bias(s, pr, j, tr, tj, p_lo, p_hi, t_lo, t_hi, POS, TIME, PTHR, TTHR)
         a = s * sigmoid(s, FAST)
         a = tl.where((j[None, :] <= r[:, None]) | (r[:, None] >= L), a, 0.0)

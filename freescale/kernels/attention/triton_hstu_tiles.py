@@ -72,20 +72,13 @@ def time_bucket(x):
 def sigmoid(x, FAST: tl.constexpr):
     """σ(x); FAST: 0.5 + 0.5·tanh(x/2) with one tanh.approx (one special-function
     op instead of an exp and a division; relative error about 2^-11)."""
-    return gated_sigmoid(x, FAST, 0.5)
-
-
-@triton.jit
-def gated_sigmoid(x, FAST: tl.constexpr, half):
-    """2·half·σ(x): ``half`` 0.5 gives σ, 0 gives zeros (a tile left to another
-    pass) at no extra cost per element."""
     if FAST:
         t = tl.inline_asm_elementwise(
             "tanh.approx.f32 $0, $1;", "=r,r", [x * 0.5], dtype=tl.float32, is_pure=True, pack=1
         )
-        return half + half * t
+        return 0.5 + 0.5 * t
     else:
-        return (2.0 * half) / (1.0 + tl.exp(-x))
+        return 1.0 / (1.0 + tl.exp(-x))
 
 
 @triton.jit
@@ -155,11 +148,8 @@ def ranges(pr_lo, pr_hi, j_lo, j_hi, tr_lo, tr_hi, tj_lo, tj_hi):
 
 @triton.jit
 def beyond(pr, j, PTHR, b):
-    """Tile mask: relative position >= the first value of position bucket b. Every
-    pair that counts has j <= pr (history causal; candidates sit after the
-    history), so one compare against a per-row bound does; pairs past the
-    diagonal get any value: the caller masks them."""
-    return j[None, :] <= (pr - tl.load(PTHR + b))[:, None]
+    """Tile mask: |relative position| >= the first value of position bucket b."""
+    return tl.abs(pr[:, None] - j[None, :]) >= tl.load(PTHR + b)
 
 
 @triton.jit
@@ -204,43 +194,6 @@ def bias_grads(dpos, dtime, ds, pr, j, tr, tj, p_lo, p_hi, t_lo, t_hi, PTHR, TTH
 
 
 @triton.jit
-def is_light(p_lo, p_hi, t_lo, t_hi):
-    """At most one boundary of each table inside the tile (most tiles off the
-    diagonal): `light_bias` is then exact."""
-    return (p_hi - p_lo <= 1) & (t_hi - t_lo <= 1)
-
-
-@triton.jit
-def light_bias(s, pr, j, tr, tj, p_lo, p_hi, t_lo, t_hi, POS, TIME, PTHR, TTHR):
-    """`add_bias` for a light tile, with no loop: a loop inside the key loop keeps
-    the compiler from pipelining the key and value loads (sm_90 TTGIR: no async
-    copies). Each step is masked to zero where the tile has no boundary."""
-    s = s + (tl.load(POS + p_lo) + tl.load(TIME + t_lo))
-    pb = tl.minimum(p_lo + 1, P_NB - 1)
-    p_step = tl.where(p_hi > p_lo, tl.load(POS + pb) - tl.load(POS + pb - 1), 0.0)
-    s += tl.where(beyond(pr, j, PTHR, pb), p_step, 0.0)
-    tb = tl.minimum(t_lo + 1, T_NB - 1)
-    t_step = tl.where(t_hi > t_lo, tl.load(TIME + tb) - tl.load(TIME + tb - 1), 0.0)
-    s += tl.where(later(tr, tj, TTHR, tb), t_step, 0.0)
-    return s
-
-
-@triton.jit
-def light_grads(dpos, dtime, ds, pr, j, tr, tj, p_lo, p_hi, t_lo, t_hi, PTHR, TTHR):
-    """`bias_grads` for a light tile (``ds`` is zero for a tile that is not)."""
-    tot = sum_all(ds)
-    slots_p = tl.arange(0, P_NB)
-    slots_t = tl.arange(0, T_NB)
-    pb = tl.minimum(p_lo + 1, P_NB - 1)
-    part = tl.where(p_hi > p_lo, sum_all(tl.where(beyond(pr, j, PTHR, pb), ds, 0.0)), 0.0)
-    dpos += tl.where(slots_p == p_lo, tot - part, 0.0) + tl.where(slots_p == pb, part, 0.0)
-    tb = tl.minimum(t_lo + 1, T_NB - 1)
-    part = tl.where(t_hi > t_lo, sum_all(tl.where(later(tr, tj, TTHR, tb), ds, 0.0)), 0.0)
-    dtime += tl.where(slots_t == t_lo, tot - part, 0.0) + tl.where(slots_t == tb, part, 0.0)
-    return dpos, dtime
-
-
-@triton.jit
 def key_times(T_u, u0, j, L):
     """Times of keys ``j`` and their range over the real keys."""
     ok = j < L
@@ -249,33 +202,8 @@ def key_times(T_u, u0, j, L):
 
 
 @triton.jit
-def key_tile(T_u, u0, j, L, n0, BN: tl.constexpr, pr_lo, pr_hi, tr_lo, tr_hi):
-    """A key tile's times and the buckets it spans against a query block."""
-    tj, tj_lo, tj_hi = key_times(T_u, u0, j, L)
-    p_lo, p_hi, t_lo, t_hi = ranges(pr_lo, pr_hi, n0, n0 + BN - 1, tr_lo, tr_hi, tj_lo, tj_hi)
-    return tj, p_lo, p_hi, t_lo, t_hi
-
-
-@triton.jit
-def load_kv(kb, vb, j, sk, sv, d, mask):
-    """Keys and values ``j`` of one head (``kb``, ``vb``: its first row)."""
-    k = tl.load(kb + j[:, None] * sk + d[None, :], mask=mask, other=0.0)
-    v = tl.load(vb + j[:, None] * sv + d[None, :], mask=mask, other=0.0)
-    return k, v
-
-
-@triton.jit
 def scores(q, k, alpha, PREC: tl.constexpr):
     return tl.dot(q, tl.trans(k), input_precision=PREC) * alpha
-
-
-@triton.jit
-def biased_tile(q, kb, vb, j, sk, sv, d, mask, alpha, PREC: tl.constexpr, pr, tr, tj, p_lo, p_hi,
-                t_lo, t_hi, POS, TIME, PTHR, TTHR):  # fmt: skip
-    """(scores with the whole bias, keys, values) of one key tile (any tile)."""
-    k, v = load_kv(kb, vb, j, sk, sv, d, mask)
-    s = scores(q, k, alpha, PREC)
-    return add_bias(s, pr, j, tr, tj, p_lo, p_hi, t_lo, t_hi, POS, TIME, PTHR, TTHR), k, v
 
 
 @triton.jit
