@@ -5,8 +5,9 @@ do not depend on them), exported once (`freescale.serving.export_model`,
 dynamic shapes) and, off smoke, compiled into an AOTInductor package; then
 per batch of the preset's data (``batch`` samples, ``batches`` of them after
 ``warmup``): latency of the eager eval forward (what training runs: varlen /
-cuDNN attention on CUDA) and of the served program (its padded attention,
-`freescale.models.padded_attention`), the peak memory of each, and the largest
+cuDNN attention on CUDA) and of the served program (the same attention
+behind one op per pattern, `freescale.models.attention_op`; ``attention =
+"padded"`` in the params: the padded fallback), the peak memory of each, and the largest
 score difference against the eager forward, with the bound of the forward's
 dtype (bf16 where the attention runs in bf16, `freescale.testing.tolerance`).
 
@@ -61,7 +62,9 @@ def measure(s: Scenario, ctx: Ctx) -> Result:
     batches = [source.batch(step, 0, 1, size).to(device) for step in range(count + warmup)]
     aoti = bool(p.get("aoti", True)) and not ctx.smoke
     t0 = time.perf_counter()
-    out = export_model(model, batches[0], ctx.raw / "export", device=device.type, aoti=aoti)
+    attention = p.get("attention", "jagged")
+    out = export_model(model, batches[0], ctx.raw / "export", device=device.type, aoti=aoti,
+                       attention=attention)  # fmt: skip
     export_s = time.perf_counter() - t0
     served = load(out)
     with torch.no_grad():

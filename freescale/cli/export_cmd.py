@@ -27,6 +27,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="one program for every batch shape (default); --no-dynamic: the example's shapes",
     )
     p.add_argument("--aoti", action="store_true", help="also compile an AOTInductor package")
+    p.add_argument(
+        "--attention",
+        choices=("jagged", "padded"),
+        default="jagged",
+        help="jagged: the model's own attention as one op per pattern (Σ L² work; loads where "
+        "freescale is imported); padded: the batch padded to its widest sample (B·L_max² work; "
+        "a self-contained program)",
+    )
     add_code_args(p)
     p.set_defaults(run=run_export)
 
@@ -41,7 +49,8 @@ def run_export(args: argparse.Namespace) -> int:
         if not torch.cuda.is_available():
             raise ValueError("--device cuda but no CUDA device is visible")
     out = export(args.checkpoint, args.out, model=args.model, data=args.data,
-                 device=args.device, dynamic=args.dynamic, aoti=args.aoti)  # fmt: skip
+                 device=args.device, dynamic=args.dynamic, aoti=args.aoti,
+                 attention=args.attention)  # fmt: skip
     manifest = read_manifest(out)
     record = {"command": "export", "out": str(out), "files": sorted(manifest["files"]),
               "checkpoint_sha256": manifest["source"]["manifest_sha256"]}  # fmt: skip

@@ -17,9 +17,11 @@ twice, ~8 small kernels each, and read maxima back on the host).
 
 Implementations (``impl``, the model's ``attention`` option):
 - ``reference``: per-sample SDPA loops (CPU; the reference twin of the others);
+- ``op``: the per-sample reference (CPU) or varlen / cuDNN (CUDA) behind one
+  `torch.library` op (`attention_op`): what an exported program calls
+  (`freescale.serving`), not a training option;
 - ``padded``: the batch padded to its widest sample, one SDPA
-  (`padded_attention`): what an exported program runs (`freescale.serving`),
-  not a training option;
+  (`padded_attention`): an exported program's self-contained fallback;
 - ``varlen``: ``torch.nn.attention.varlen.varlen_attn`` (FlashAttention-2, CUDA);
 - ``cudnn``: the causal self-attention through cuDNN's SDPA graphs
   (`freescale.kernels.attention.cudnn_sdpa`; sm90+, the ``nvidia-cudnn-frontend``
@@ -70,7 +72,7 @@ class Segments:
 class AttentionLayout:
     """Query segment i attends to key segment i (causally when ``causal``)."""
 
-    impl: str  # reference | varlen | cudnn | padded | triton (the cross pattern only)
+    impl: str  # reference | varlen | cudnn | padded | op | triton (the cross pattern only)
     q: Segments
     k: Segments
     causal: bool
@@ -291,6 +293,9 @@ def attend(q: Tensor, k: Tensor, v: Tensor, layout: AttentionLayout) -> Tensor:
     """Attention of one pattern whose layout was built once for the forward."""
     if layout.impl == "triton":
         return _triton_cross(q, k, v, layout)
+    if layout.impl == "op":  # an exported program's (`attention_op`)
+        op = torch.ops.freescale.jagged_attention
+        return op(q, k, v, layout.q.offsets, layout.k.offsets, layout.causal)
     if layout.impl == "padded":
         assert layout.q.padded is not None and layout.k.padded is not None
         return padded_attention(q, k, v, layout.q.padded, layout.k.padded, layout.causal)

@@ -21,6 +21,7 @@ from freescale.models.attention import (
     segments,
     self_attention_impl,
 )
+from freescale.models.attention_op import exported_kind
 from freescale.models.dropout import RowDropout
 from freescale.models.padded_attention import padded
 from freescale.models.sequence_config import ModelConfig
@@ -133,7 +134,7 @@ class BlockStack(nn.ModuleList):
     # its graphs run varlen, and so do its eager steps).
     cudnn_self_attention = True
     triton_cross_attention = True
-    # Both patterns padded (what an exported program runs; tests set it eagerly).
+    # Both patterns padded (an exported program's fallback; tests set it eagerly).
     padded = False
 
     def __init__(self, blocks: list[Block], attention: str, cross_attention: str = "auto") -> None:
@@ -166,11 +167,16 @@ class BlockStack(nn.ModuleList):
         """(UIH self-attention, candidate cross-attention) layouts, once per forward:
         every layer shares them. Maxima not given are read back in one host read.
 
-        Under `torch.export` both patterns run padded (`padded_attention`): the
-        one path that is a single program for every batch shape."""
+        Under `torch.export` both patterns call one op each (`attention_op`),
+        or run padded (`padded_attention`) inside `exported_attention("padded")`:
+        each is a single program for every batch shape."""
         uih_off, cand_off = batch.uih.offsets, batch.candidates.offsets
-        if torch.compiler.is_exporting() or self.padded:
+        exporting = torch.compiler.is_exporting()
+        if self.padded or (exporting and exported_kind() == "padded"):
             return padded_layouts(batch, max_uih, max_candidates)
+        if exporting:
+            uih, cand = Segments(uih_off), Segments(cand_off)
+            return AttentionLayout("op", uih, uih, True), AttentionLayout("op", cand, uih, False)
         device = (uih_off.device if uih_off.is_cuda else torch.device("cuda")) if on_cuda else None
         own = self.self_attention_impl(device)
         impl = self.cross_attention_impl(on_cuda)

@@ -20,10 +20,13 @@ exporter does), so that a program traced on an example of a few samples also
 serves a batch of one sample, one candidate or no history at all; without it,
 every dimension would be specialized away from 0 and 1.
 
-Attention in the program: the built-in models trace their padded path
-(`freescale.models.padded_attention`, HSTU's ``padded`` layout) on every
-device: the per-sample reference loops on the host, and the CUDA kernels are
-not traceable here (docs/serving.md).
+Attention in the program (``attention``): ``jagged`` (the default) keeps the
+sequence model's two patterns as one `torch.library` op each
+(`freescale.models.attention_op`: the eval forward's own kernels, Σ L_i² work;
+the program then loads only where ``freescale`` is imported); ``padded``
+traces the batch padded to its widest sample (`padded_attention`, B · L_max²:
+a self-contained program). HSTU traces its own ``padded`` layout either way
+(docs/serving.md).
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from freescale.config import TrainConfig
 from freescale.data.source import schema_of
 from freescale.jagged.batch import SampleBatch
 from freescale.jagged.schema import DataSchema
+from freescale.models.attention_op import exported_attention
 from freescale.models.contract import check_model
 from freescale.pipeline.setup import make_source
 from freescale.serving import checkpoint as ck
@@ -75,6 +79,7 @@ def export(
     device: str = "cpu",
     dynamic: bool = True,
     aoti: bool = False,
+    attention: str = "jagged",
 ) -> Path:
     """Export the checkpoint's model into the directory ``out``; returns it.
 
@@ -102,7 +107,7 @@ def export(
     options = {k: manifest["config"].get(k) for k in ("model", "data")}
     extra = {"source": source_record, "config": options}
     return export_model(plain, example, out, schema=schema, device=device, dynamic=dynamic,
-                        aoti=aoti, extra=extra)  # fmt: skip
+                        aoti=aoti, attention=attention, extra=extra)  # fmt: skip
 
 
 def export_model(
@@ -114,16 +119,19 @@ def export_model(
     device: str = "cpu",
     dynamic: bool = True,
     aoti: bool = False,
+    attention: str = "jagged",
     extra: dict[str, Any] | None = None,
 ) -> Path:
-    """Export a plain ``model`` (its current weights) traced on ``example``."""
+    """Export a plain ``model`` (its current weights) traced on ``example``;
+    ``attention``: ``jagged`` or ``padded`` (the module docstring)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     target = torch.device(device)
     model = model.to(target).eval()
     example = example.to(target)
     signature = Signature.of(example)
-    program = trace(model, signature, example, dynamic)
+    with exported_attention(attention):
+        program = trace(model, signature, example, dynamic)
     torch.export.save(program, out / PROGRAM)
     files, inductor = [PROGRAM], None
     if aoti:
@@ -135,6 +143,7 @@ def export_model(
         "torch": torch.__version__,
         "device": target.type,
         "dynamic": dynamic,
+        "attention": attention,
         "model_class": f"{type(model).__module__}:{type(model).__qualname__}",
         "inputs": signature.inputs(),
         "signature": signature.as_dict(),

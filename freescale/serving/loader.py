@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from freescale.jagged.batch import SampleBatch
+from freescale.models import attention_op  # noqa: F401  (registers the op programs call)
 from freescale.serving.exporter import FORMAT, MANIFEST, PACKAGE, PROGRAM
 from freescale.serving.signature import Signature
 from freescale.state.checkpoint_files import sha256_file

@@ -211,7 +211,12 @@ def cross_attention_variants(quick: bool) -> Iterator[Variant]:
         for softmax in (True, False):
             ptrs = plan | {"part_o": f32, "part_lse": f32, "out": dt, "lse": f32 if softmax else dt}
             consts = {"H": 4, "D": dim, "SOFTMAX": softmax}
-            yield f"cross.reduce {dt} D={dim} softmax={softmax}", cross._cross_attn_reduce, ptrs, consts
+            yield (
+                f"cross.reduce {dt} D={dim} softmax={softmax}",
+                cross._cross_attn_reduce,
+                ptrs,
+                consts,
+            )
 
 
 def aligned(kernel, sig: dict) -> dict:

@@ -92,8 +92,7 @@ def test_our_cross_attention_kernels_count_as_cross_attention():
     kernels = [
         f.name
         for f in ast.parse(source).body
-        if isinstance(f, ast.FunctionDef)
-        and any("jit" in ast.unparse(d) for d in f.decorator_list)
+        if isinstance(f, ast.FunctionDef) and any("jit" in ast.unparse(d) for d in f.decorator_list)
     ]
     launched = [k for k in kernels if f"{k}[" in source]  # helpers are inlined
     assert len(launched) >= 3, launched

@@ -4,11 +4,12 @@ For the built-in sequence model, ``hstu`` and the user model of
 examples/categories.py: one export (traced once, every jagged dimension
 dynamic) serves random batches of every shape — one sample, empty histories,
 no candidates, one candidate, many — and its scores equal the eval forward's:
-bitwise where the program runs the model's own kernels (``hstu``'s padded
-attention, the categories model), within the reordered-sum tolerance where it
-runs the padded attention instead of the per-sample reference (the sequence
-model; bitwise to the same model run padded eagerly). The default selection
-checks a few batches; the slow one 200, and the AOTInductor package.
+bitwise where the program runs the model's own kernels (the sequence model's
+attention op, ``hstu``'s padded attention, the categories model), within the
+reordered-sum tolerance where it runs the padded attention instead of the
+per-sample reference (the sequence model exported ``attention="padded"``;
+bitwise to the same model run padded eagerly). The default selection checks a
+few batches; the slow one 200, and the AOTInductor package.
 """
 
 import pytest
@@ -36,6 +37,10 @@ def _with_categories(batch: SampleBatch) -> SampleBatch:
 
 MODELS = {
     "sequence": (
+        lambda: sequence.build(DataSchema.standard(ITEMS, 4, dense_dim=2), dim=DIM, layers=LAYERS),
+        2,
+    ),
+    "sequence-padded": (
         lambda: sequence.build(DataSchema.standard(ITEMS, 4, dense_dim=2), dim=DIM, layers=LAYERS),
         2,
     ),
@@ -103,7 +108,9 @@ def exported(tmp_path_factory):
         if name not in cache:
             torch.manual_seed(0)
             model = MODELS[name][0]().eval()
-            out = export_model(model, example(name), tmp_path_factory.mktemp(name))
+            attention = "padded" if name.endswith("-padded") else "jagged"
+            out = export_model(model, example(name), tmp_path_factory.mktemp(name),
+                               attention=attention)  # fmt: skip
             cache[name] = (model, load(out), out)
         return cache[name]
 
@@ -112,7 +119,8 @@ def exported(tmp_path_factory):
 
 def _check(name: str, model, served, count: int) -> None:
     """Bitwise where the program runs the eval forward's kernels: the
-    categories model always; the padded attentions at the program's widths
+    categories model and the sequence model's attention op always; the padded
+    attentions at the program's widths
     (at least 2: a longest history or candidate count of 0 or 1 is padded to
     2, where BLAS takes another kernel). Else within the reordered-sum bound."""
     for batch in batches(name, count):
@@ -120,16 +128,17 @@ def _check(name: str, model, served, count: int) -> None:
             expected = model(batch)
         got = served(batch)
         assert got.shape == expected.shape == batch.labels.shape
-        if name == "categories":
+        if name in ("categories", "sequence"):
             assert torch.equal(got, expected)
             continue
         assert_reordered_close(got, expected, terms=4 * DIM, depth=LAYERS + 1)
         same = batch.with_max_lengths(*program_widths(batch))
-        if name == "sequence":
+        padded = name == "sequence-padded"
+        if padded:
             model.blocks.padded = True  # the program's attention, eagerly
         with torch.no_grad():
             assert torch.equal(got, model(same))
-        if name == "sequence":
+        if padded:
             model.blocks.padded = False
 
 
@@ -152,7 +161,8 @@ def test_the_aoti_package_on_cpu(exported, name, tmp_path):
     """Inductor fuses and reorders: within the reordered-sum tolerance."""
     torch.manual_seed(0)
     model = MODELS[name][0]().eval()
-    served = load(export_model(model, example(name), tmp_path, aoti=True))
+    attention = "padded" if name.endswith("-padded") else "jagged"
+    served = load(export_model(model, example(name), tmp_path, aoti=True, attention=attention))
     assert served.kind == "aoti"
     for batch in batches(name, 200):
         with torch.no_grad():
@@ -197,3 +207,22 @@ def test_a_model_that_cannot_be_exported_is_one_paragraph(tmp_path):
     assert "\n" not in text and len(text) < 1200
     assert text.startswith("_HostBranch cannot be exported in module (the model) (")
     assert "test_export.py" in text and "forward" in text
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_attention_op_serves_on_cuda(tmp_path):
+    """On CUDA the op runs varlen / cuDNN in bf16 where the eval forward may run
+    the Triton cross-attention in float32: within bf16's reordered-sum bound."""
+    from freescale.testing.tolerance import reduction_tol
+
+    torch.manual_seed(0)
+    model = MODELS["sequence"][0]().cuda().eval()
+    served = load(export_model(model, example("sequence"), tmp_path, device="cuda"))
+    tol = reduction_tol(torch.bfloat16, 4 * DIM, 1.0, LAYERS + 1)
+    for batch in batches("sequence", 20):
+        batch = batch.to("cuda")
+        with torch.no_grad():
+            expected = model(batch)
+        diff = (served(batch) - expected).abs().max().item() if expected.numel() else 0.0
+        assert diff <= tol["atol"] + tol["rtol"], diff

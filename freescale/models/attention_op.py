@@ -1,0 +1,69 @@
+"""The jagged softmax attention as one `torch.library` op, for exported programs.
+
+``freescale::jagged_attention(q, k, v, q_offsets, k_offsets, causal)``: query
+segment i attends to key segment i (causally for the UIH self-attention,
+where both offsets are the same), a query whose sample has no keys gets 0.
+`torch.export` keeps it as one opaque node whose output is shaped like ``q``
+(the fake kernel), so one program serves every batch shape at Σ L_i² work,
+where the padded fallback (`padded_attention`) costs B · L_max². Inside, the
+eager paths run: the per-sample reference on the CPU (the eval forward's own:
+bitwise), `jagged_attention` on CUDA (cuDNN for the causal pattern where it
+runs, else varlen; the cross pattern on varlen).
+
+The op lives in Python: a program or AOTInductor package that calls it loads
+in a process that imported ``freescale`` (`freescale.serving.load` does), not
+in a C++-only runtime; export with ``attention="padded"`` for that
+(`freescale.serving.exporter`). Inference only: it has no autograd formula.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor
+
+from freescale.models.attention import jagged_attention, reference_attention
+
+
+@torch.library.custom_op("freescale::jagged_attention", mutates_args=())
+def jagged_attention_op(
+    q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, k_offsets: Tensor, causal: bool
+) -> Tensor:
+    """q: [Tq, H, d], k/v: [Tk, H, d] -> [Tq, H, d], contiguous."""
+    if q.device.type == "cpu":
+        out = reference_attention(q, k, v, q_offsets, k_offsets, causal)
+    else:  # the causal pattern is a self-attention: one offsets object, as the model's
+        keys = q_offsets if causal else k_offsets
+        out = jagged_attention(q, k, v, q_offsets, keys, causal)
+    return out.contiguous()
+
+
+@jagged_attention_op.register_fake
+def _(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, k_offsets: Tensor, causal: bool):
+    return q.new_empty(q.shape)
+
+
+# What `torch.export` traces: ``jagged`` (this op) or ``padded``; the exporter's choice.
+_EXPORTED: contextvars.ContextVar[str] = contextvars.ContextVar(
+    "exported_attention", default="jagged"
+)
+EXPORTED_KINDS = ("jagged", "padded")
+
+
+@contextlib.contextmanager
+def exported_attention(kind: str) -> Iterator[None]:
+    """Trace the sequence model's attention as ``kind`` inside the block."""
+    if kind not in EXPORTED_KINDS:
+        raise ValueError(f"exported attention must be jagged or padded, got {kind!r}")
+    token = _EXPORTED.set(kind)
+    try:
+        yield
+    finally:
+        _EXPORTED.reset(token)
+
+
+def exported_kind() -> str:
+    return _EXPORTED.get()
