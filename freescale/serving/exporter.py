@@ -50,7 +50,8 @@ from freescale.models.attention_op import exported_attention
 from freescale.models.contract import check_model
 from freescale.pipeline.setup import make_source
 from freescale.serving import checkpoint as ck
-from freescale.serving.failure import explain
+from freescale.serving.aoti import CompileError, compile_package
+from freescale.serving.failure import ExportError, explain
 from freescale.serving.signature import Signature
 from freescale.state.checkpoint_files import sha256_file
 
@@ -134,8 +135,11 @@ def export_model(
         program = trace(model, signature, example, dynamic)
     torch.export.save(program, out / PROGRAM)
     files, inductor = [PROGRAM], None
-    if aoti:
-        inductor = compile_package(program, out / PACKAGE)
+    if aoti:  # in a child process (`freescale.serving.aoti`): a crash there is one paragraph
+        try:
+            inductor = compile_package(out / PROGRAM, out / PACKAGE)
+        except CompileError as e:
+            raise ExportError(str(e)) from None
         files.append(PACKAGE)
     record = {
         "format": FORMAT,
@@ -170,24 +174,6 @@ def trace(
             )
     except Exception as e:
         raise explain(e, model) from None
-
-
-def compile_package(program: Any, path: Path) -> dict[str, Any]:
-    """AOTInductor-compile ``program`` into the package ``path``; the Inductor
-    configs used. Inductor's vectorized C++ does not compile for every op (torch
-    2.13: an int32 -> int64 convert of HSTU's buckets): such a program is
-    compiled again without vectorization, scalar but correct."""
-    from torch._inductor import aoti_compile_and_package
-
-    try:
-        aoti_compile_and_package(program, package_path=str(path))
-        return {}
-    except Exception as e:
-        if "CppCompileError" not in f"{type(e).__name__} {e}"[:300]:
-            raise
-    scalar = {"cpp.simdlen": 1}
-    aoti_compile_and_package(program, package_path=str(path), inductor_configs=scalar)
-    return scalar
 
 
 def example_batch(source: Any, batch_size: int) -> SampleBatch:

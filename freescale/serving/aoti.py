@@ -1,0 +1,82 @@
+"""AOTInductor compile of a saved program, in a child process of its own.
+
+Inductor runs the kernels it tunes while it compiles, on buffers it fills
+itself; on CUDA an index tensor among them can trip a bounds assert in a
+generated kernel (torch 2.11 on an H200, the padded attention: pytorch#194018),
+and a device-side assert ends the process with thousands of lines. Compiled
+here, in a child (``python -m freescale.serving.aoti PROGRAM PACKAGE``), such
+a failure is one paragraph for the caller (`compile_package`) and the parent's
+CUDA context, and its exported program, stay intact.
+
+Inductor's vectorized C++ does not compile for every op (torch 2.13: an int32
+-> int64 convert of HSTU's buckets): such a program is compiled again without
+vectorization, scalar but correct. The child's last stdout line is the JSON of
+the Inductor configs it used.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import freescale
+
+ERROR_LINES = 2  # the child's last error lines kept in the paragraph
+_RAISED = re.compile(r"[\w.]*(Error|Exception)\w*: ")  # "torch._inductor.exc.InductorError: ..."
+
+
+class CompileError(RuntimeError):
+    """The AOTInductor compile failed (one paragraph)."""
+
+
+def compile_package(program: Path, package: Path) -> dict[str, Any]:
+    """Compile the saved program ``program`` into the package ``package`` in a
+    child process; the Inductor configs it used. `CompileError` on failure."""
+    root = str(Path(freescale.__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-m", "freescale.serving.aoti", str(program), str(package)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if done.returncode == 0:
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    raise CompileError(
+        f"AOTInductor could not compile {program} (child process rc {done.returncode}): "
+        f"{_reason(done.stderr)}. The torch.export program was written and serves "
+        "(freescale.serving.load(OUT, aoti=False))"
+    )
+
+
+def _reason(stderr: str) -> str:
+    """The first failed assertion, if any, and the last error lines."""
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    asserts = [ln for ln in lines if "Assertion" in ln][:1]
+    errors = [ln for ln in lines if _RAISED.match(ln)]
+    text = " ".join([*asserts, *errors[-ERROR_LINES:]]) or (lines[-1] if lines else "no output")
+    return text[:600].rstrip(". ")
+
+
+def _compile(program: Path, package: Path) -> dict[str, Any]:
+    import torch
+    from torch._inductor import aoti_compile_and_package
+
+    from freescale.models import attention_op  # noqa: F401  (the op programs call)
+
+    loaded = torch.export.load(str(program))
+    try:
+        aoti_compile_and_package(loaded, package_path=str(package))
+        return {}
+    except Exception as e:
+        if "CppCompileError" not in f"{type(e).__name__} {e}"[:300]:
+            raise
+    scalar = {"cpp.simdlen": 1}
+    aoti_compile_and_package(loaded, package_path=str(package), inductor_configs=scalar)
+    return scalar
+
+
+if __name__ == "__main__":
+    used = _compile(Path(sys.argv[1]), Path(sys.argv[2]))
+    print(json.dumps(used), flush=True)

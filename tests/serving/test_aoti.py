@@ -1,0 +1,27 @@
+"""The AOTInductor compile runs in a child process: its failures are one paragraph."""
+
+import pytest
+
+from freescale.serving.aoti import CompileError, _reason, compile_package
+
+
+def test_a_failed_compile_is_one_paragraph(tmp_path):
+    with pytest.raises(CompileError) as info:
+        compile_package(tmp_path / "missing.pt2", tmp_path / "out.pt2")
+    text = str(info.value)
+    assert "\n" not in text and len(text) < 1000
+    assert "AOTInductor could not compile" in text and "rc 1" in text
+    assert "missing.pt2" in text and "serves" in text
+
+
+def test_the_reason_keeps_the_assert_and_the_last_errors():
+    stderr = "\n".join(
+        ["warning: something"]
+        + ["k.py:33: block: [1,0,0] Assertion `index out of bounds: 0 <= tmp4 < ks0` failed."] * 50
+        + ["Traceback (most recent call last):", '  File "x.py", line 1',
+           "torch._inductor.exc.InductorError: AcceleratorError: CUDA error: device-side assert",
+           "frame #0: c10::Error::Error(...)"]
+    )  # fmt: skip
+    got = _reason(stderr)
+    assert got.count("Assertion") == 1 and "index out of bounds" in got
+    assert "InductorError: AcceleratorError" in got and "frame #0" not in got
