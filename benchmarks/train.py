@@ -49,6 +49,7 @@ SUMMARY_KEYS = ("step_ms", "compute_ms_mean", "qps", "straggler_pct", "data_wait
                 "data_wait_ms_max", "exposed_collision_ms", "collision_rows_pct",
                 "collision_ids_pct", "ne", "train_ne_last", "measured_steps", "step_tflop",
                 "tflops", "mfu_pct", "peak_tflops", "compiled_frames_after_warmup",
+                "attention_graphs_after_warmup",
                 "host_tier_bytes", "host_tier_exposed_ms", "host_tier_gb_s")  # fmt: skip
 
 

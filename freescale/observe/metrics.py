@@ -57,6 +57,7 @@ _FIELDS = (
     "loss_sum",  # the model's own loss, summed over this rank's candidates
     "flops",  # the model's FLOPs of this rank's batch (NaN: not counted)
     "compiled_frames",  # frames dynamo compiled during this rank's step
+    "attention_graphs",  # cuDNN attention graphs built during this rank's step
     "host_tier",  # 1: this rank has host-tier tables (then the two below are reported)
     "host_tier_ms",  # the compute stream's time in host-tier reads and updates
     "host_tier_bytes",  # bytes the host tier moved between host and device
@@ -86,6 +87,7 @@ class RankStep:
     loss_sum: float | None = None  # the model's loss when it is not BCE (None: bce_sum)
     flops: float | None = None  # the model's FLOPs of this rank's batch (None: not counted)
     compiled_frames: float = 0.0  # frames dynamo compiled during the step (dense.compile)
+    attention_graphs: float = 0.0  # cuDNN attention graphs built during the step
     host_tier: tuple[float, float] | None = None  # (exposed ms, bytes); None: no host tier
 
     def vector(self, device: torch.device) -> torch.Tensor:
@@ -106,6 +108,7 @@ class RankStep:
             self.bce_sum if self.loss_sum is None else self.loss_sum,
             math.nan if self.flops is None else self.flops,
             self.compiled_frames,
+            self.attention_graphs,
             float(self.host_tier is not None),
             *(self.host_tier or (0.0, 0.0)),
             *self.features,
@@ -169,6 +172,8 @@ def summarize_step(step: int, table: torch.Tensor, peak: float | None = None) ->
         # frames dynamo compiled during the step, the most of any rank: after
         # warm-up 0 under dense.compile (a recompile shows here)
         "compiled_frames": int(max(col["compiled_frames"])),
+        # cuDNN graphs built (each a pause of the step: a new length or token cap)
+        "attention_graphs_built": int(max(col["attention_graphs"])),
         **_throughput(col["flops"], t_iter, peak),
         **_host_tier(col, t_iter),
     }
@@ -268,6 +273,9 @@ class RunSummary:
             "mfu_pct": known_mean("mfu_pct"),
             "peak_tflops": self.peak_tflops,
             "compiled_frames_after_warmup": sum(s.get("compiled_frames", 0) for s in measured),
+            "attention_graphs_after_warmup": sum(
+                s.get("attention_graphs_built", 0) for s in measured
+            ),
             **_host_tier_means(measured),
             **extra,
         }

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from freescale.config import DenseSection, FaultsSection, RunSection
+from freescale.kernels.attention import cudnn_sdpa
 from freescale.models.blocks import check_attention_device
 from freescale.models.dropout import training_step
 from freescale.observe.timing import SectionTimer
@@ -142,6 +143,7 @@ class DenseTraining:
         # Frames dynamo compiled from this step's forward to its optimizer step
         # (an evaluation's compiles between steps are no step's)
         self.step_frames, self._frames_before = 0, 0
+        self.step_graphs, self._graphs_before = 0, 0  # cuDNN attention graphs built
         self.sync = DenseSync(model, timer.seq_mark)
         # Listed once: `Module.parameters()` walks the module tree on every call.
         self.params = list(model.parameters())
@@ -165,6 +167,7 @@ class DenseTraining:
     def forward(self, batch: Any, step: int = 0) -> Tensor:
         """The logits of training step ``step`` (dropout's masks are that step's)."""
         self._frames_before = compiled_frames()
+        self._graphs_before = cudnn_sdpa.CACHE.builds
         with self.autocast, training_step(self.model, self.seed, step):
             return self.sync.ddp(batch)
 
@@ -192,4 +195,5 @@ class DenseTraining:
         self.optimizer.step_unless(flags[0].float())
         self.optimizer.zero_grad(set_to_none=True)
         self.step_frames = compiled_frames() - self._frames_before
+        self.step_graphs = cudnn_sdpa.CACHE.builds - self._graphs_before
         return flags

@@ -61,6 +61,7 @@ class StepRecord:
     sections: list
     handle: Any
     compiled_frames: int = 0  # frames dynamo compiled during the step (`pipeline.compile`)
+    attention_graphs: int = 0  # cuDNN attention graphs built during the step
     eval: dict[str, float] | None = None
     collision: Callable[[], list[float]] | None = None  # freescale: C^i counts, read later
     host_bytes: Callable[[], list[float]] | None = None  # host-tier traffic, read later
@@ -130,6 +131,7 @@ class StepMetrics:
             loss_sum=loss_sum,
             flops=info.flops,
             compiled_frames=rec.compiled_frames,
+            attention_graphs=rec.attention_graphs,
         )
         if rec.collision is not None:
             local.collision = tuple(rec.collision())  # type: ignore[assignment]

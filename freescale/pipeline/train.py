@@ -191,7 +191,8 @@ class Trainer:
                 on_device.append(batch.labels.sum().double().reshape(1))
             values = torch.cat(on_device).double()  # fp32, bools (and fp64): exact in fp64
             frames = self.dense.step_frames  # dynamo's compiles in the step (dense.compile)
-            record = StepRecord(step, info, read_later(values), self.timer.take(), handle, frames)
+            record = StepRecord(step, info, read_later(values), self.timer.take(), handle, frames,
+                                attention_graphs=self.dense.step_graphs)  # fmt: skip
             record.read_later(collision, self.sparse.embeddings.host_tier_traffic())
             if self.evaluator.due(step, run.steps):
                 record.eval = {"step": step, **self.evaluator.heldout(step)}

@@ -54,7 +54,10 @@ THROUGHPUT = ("step_tflop", "tflops", "tflops_ranks", "mfu_pct")
 
 
 def test_step_summary_of_unequal_ranks_follows_the_definitions():
-    ranks = [replace(r, compiled_frames=f) for r, f in zip(RANKS, (0, 3, 1, 0), strict=True)]
+    ranks = [
+        replace(r, compiled_frames=f, attention_graphs=g)
+        for r, f, g in zip(RANKS, (0, 3, 1, 0), (1, 0, 2, 0), strict=True)
+    ]
     table = torch.stack([r.vector(torch.device("cpu")) for r in ranks])  # what gather_step returns
     got = summarize_step(7, table, peak=0.5)
     exact = {
@@ -77,6 +80,7 @@ def test_step_summary_of_unequal_ranks_follows_the_definitions():
         "samples": 16,
         "items": 320,
         "compiled_frames": 3,  # the most of any rank (dynamo compiles per process)
+        "attention_graphs_built": 2,  # likewise
     }
     assert set(got) == {*exact, "qps", "ne", *THROUGHPUT}
     for key, want in exact.items():
