@@ -33,6 +33,16 @@ def _dscore(s, da, FAST: tl.constexpr):
     return s * sig, da * sig * (1.0 + s * (1.0 - sig))
 
 
+@triton.jit
+def _q_do(Q_u, sq_u, sq_uh, Q_c, sq_c, sq_ch, DO_u, sdo_u, sdo_uh, DO_c, sdo_c, sdo_ch,
+          h, r, L, u0, c0, d, live):  # fmt: skip
+    """The query rows ``r`` and their output gradients (in the queries' dtype)."""
+    q = tl.load(rows(Q_u, sq_u, sq_uh, Q_c, sq_c, sq_ch, h, r, L, u0, c0, d), mask=live, other=0.0)
+    do = tl.load(rows(DO_u, sdo_u, sdo_uh, DO_c, sdo_c, sdo_ch, h, r, L, u0, c0, d), mask=live,
+                 other=0.0)  # fmt: skip
+    return q, do.to(q.dtype)
+
+
 @triton.jit(do_not_specialize=["n_samples", "alpha"])
 def _dq_kernel(
     Q_u, K_u, V_u, Q_c, DO_u, DO_c, DQ_u, DQ_c, T_u, T_c, UIH_OFF, CAND_OFF, ORDER, BLOCK_START,
@@ -51,13 +61,8 @@ def _dq_kernel(
     d = tl.arange(0, D)
     dmask = (d < DH)[None, :]
     live = (r < L + C)[:, None] & dmask
-    q = tl.load(rows(Q_u, sq_u, sq_uh, Q_c, sq_c, sq_ch, h, r, L, u0, c0, d),
-                mask=live, other=0.0)  # fmt: skip
-    do = tl.load(
-        rows(DO_u, sdo_u, sdo_uh, DO_c, sdo_c, sdo_ch, h, r, L, u0, c0, d),
-        mask=live,
-        other=0.0,
-    ).to(q.dtype)
+    q, do = _q_do(Q_u, sq_u, sq_uh, Q_c, sq_c, sq_ch, DO_u, sdo_u, sdo_uh, DO_c, sdo_c, sdo_ch,
+                  h, r, L, u0, c0, d, live)  # fmt: skip
     pr, tr, tr_lo, tr_hi = qrow_setup(r, L, C, u0, c0, T_u, T_c, HAS_BIAS)
     pr_lo = tl.minimum(r0, L)
     pr_hi = tl.minimum(r0 + BM - 1, L)
@@ -144,15 +149,8 @@ def _dkdv_kernel(
     for r0 in range(start, diag_end, BM):
         r = r0 + tl.arange(0, BM)
         live = (r < rend)[:, None] & dmask
-        q = tl.load(
-            rows(Q_u, sq_u, sq_uh, Q_c, sq_c, sq_ch, h, r, L, u0, c0, d), mask=live, other=0.0
-        )
-        do = tl.load(
-            rows(DO_u, sdo_u, sdo_uh, DO_c, sdo_c, sdo_ch, h, r, L, u0, c0, d),
-            mask=live,
-            other=0.0,
-        )
-        do = do.to(q.dtype)
+        q, do = _q_do(Q_u, sq_u, sq_uh, Q_c, sq_c, sq_ch, DO_u, sdo_u, sdo_uh, DO_c, sdo_c,
+                      sdo_ch, h, r, L, u0, c0, d, live)  # fmt: skip
         pr, tr, tr_lo, tr_hi = qrow_setup(r, L, C, u0, c0, T_u, T_c, HAS_BIAS)
         s = scores(q, k, alpha, PREC)
         if HAS_BIAS:
@@ -173,15 +171,8 @@ def _dkdv_kernel(
     for r0 in range(diag_end, rend, BM):
         r = r0 + tl.arange(0, BM)
         live = (r < rend)[:, None] & dmask
-        q = tl.load(
-            rows(Q_u, sq_u, sq_uh, Q_c, sq_c, sq_ch, h, r, L, u0, c0, d), mask=live, other=0.0
-        )
-        do = tl.load(
-            rows(DO_u, sdo_u, sdo_uh, DO_c, sdo_c, sdo_ch, h, r, L, u0, c0, d),
-            mask=live,
-            other=0.0,
-        )
-        do = do.to(q.dtype)
+        q, do = _q_do(Q_u, sq_u, sq_uh, Q_c, sq_c, sq_ch, DO_u, sdo_u, sdo_uh, DO_c, sdo_c,
+                      sdo_ch, h, r, L, u0, c0, d, live)  # fmt: skip
         pr, tr, tr_lo, tr_hi = qrow_setup(r, L, C, u0, c0, T_u, T_c, HAS_BIAS)
         s = scores(q, k, alpha, PREC)
         if HAS_BIAS:
