@@ -91,12 +91,13 @@ def offsets_to_lengths(offsets: Tensor) -> Tensor:
 def segment_ids(offsets: Tensor, total: int | None = None) -> Tensor:
     """Segment index of every value position (``[0, 0, 1, 2, 2, ...]``), int64.
 
-    A binary search of each position in the segment starts: two kernels on a
-    GPU, where ``repeat_interleave`` of the lengths takes five. It searches the
+    A binary search of each position in the segment starts: three small kernels
+    on a GPU, where ``repeat_interleave`` of the lengths takes five. It searches the
     whole ``offsets`` (Inductor before torch 2.12 searched a sliced one from
     the slice's base: pytorch#182343) and clamps to ``[0, B - 1]``, a no-op on
     valid offsets that lets compiled code index with it safely (pytorch#186536:
-    an unprovable bound becomes a device assert under dynamic shapes)."""
+    an unprovable bound becomes a device assert under dynamic shapes). A
+    ``total`` past ``offsets[-1]`` names its extra positions ``B - 1``."""
     if total is None:
         total = int(offsets[-1])
     positions = torch.arange(total, device=offsets.device, dtype=offsets.dtype)

@@ -14,6 +14,9 @@ The op lives in Python: a program or AOTInductor package that calls it loads
 in a process that imported ``freescale`` (`freescale.serving.load` does), not
 in a C++-only runtime; export with ``attention="padded"`` for that
 (`freescale.serving.exporter`). Inference only: it has no autograd formula.
+On CUDA each call builds its own layout (a host read of the maxima, per layer
+and pattern) and takes ``auto``'s choice whatever the model's ``attention``
+options were: the eval forward builds one layout per forward.
 """
 
 from __future__ import annotations
@@ -33,10 +36,12 @@ def jagged_attention_op(
     q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, k_offsets: Tensor, causal: bool
 ) -> Tensor:
     """q: [Tq, H, d], k/v: [Tk, H, d] -> [Tq, H, d], contiguous."""
+    # The causal pattern is a self-attention: its keys' offsets are the queries'
+    # (one object, as the model's layouts have it).
+    keys = q_offsets if causal else k_offsets
     if q.device.type == "cpu":
-        out = reference_attention(q, k, v, q_offsets, k_offsets, causal)
-    else:  # the causal pattern is a self-attention: one offsets object, as the model's
-        keys = q_offsets if causal else k_offsets
+        out = reference_attention(q, k, v, q_offsets, keys, causal)
+    else:
         out = jagged_attention(q, k, v, q_offsets, keys, causal)
     return out.contiguous()
 

@@ -11,7 +11,7 @@ CUDA context, and its exported program, stay intact.
 Inductor's vectorized C++ does not compile for every op (torch 2.13: an int32
 -> int64 convert of HSTU's buckets): such a program is compiled again without
 vectorization, scalar but correct. The child's last stdout line is the JSON of
-the Inductor configs it used.
+the Inductor configs it used, after `MARK`.
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ from typing import Any
 import freescale
 
 ERROR_LINES = 2  # the child's last error lines kept in the paragraph
+TIMEOUT_S = 3 * 3600  # a compile takes minutes; one that takes hours is stuck
+MARK = "freescale-aoti-configs "  # the child's result line
 _RAISED = re.compile(r"[\w.]*(Error|Exception)\w*: ")  # "torch._inductor.exc.InductorError: ..."
 
 
@@ -37,12 +39,24 @@ class CompileError(RuntimeError):
 def compile_package(program: Path, package: Path) -> dict[str, Any]:
     """Compile the saved program ``program`` into the package ``package`` in a
     child process; the Inductor configs it used. `CompileError` on failure."""
+    # This process's freescale, whatever the working directory holds (-P: no
+    # cwd on sys.path; no empty PYTHONPATH entry, which would mean cwd too).
     root = str(Path(freescale.__file__).resolve().parents[1])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, "-m", "freescale.serving.aoti", str(program), str(package)]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    paths = [root, *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+    cmd = [sys.executable, "-P", "-m", "freescale.serving.aoti",
+           str(Path(program).resolve()), str(Path(package).resolve())]  # fmt: skip
+    try:
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise CompileError(
+            f"AOTInductor did not compile {program} in {TIMEOUT_S} s (child process "
+            "stopped). The torch.export program was written and serves "
+            "(freescale.serving.load(OUT, aoti=False))"
+        ) from None
     if done.returncode == 0:
-        return json.loads(done.stdout.strip().splitlines()[-1])
+        marked = [ln for ln in done.stdout.splitlines() if ln.startswith(MARK)]
+        return json.loads(marked[-1][len(MARK) :]) if marked else {}
     raise CompileError(
         f"AOTInductor could not compile {program} (child process rc {done.returncode}): "
         f"{_reason(done.stderr)}. The torch.export program was written and serves "
@@ -79,4 +93,4 @@ def _compile(program: Path, package: Path) -> dict[str, Any]:
 
 if __name__ == "__main__":
     used = _compile(Path(sys.argv[1]), Path(sys.argv[2]))
-    print(json.dumps(used), flush=True)
+    print(MARK + json.dumps(used), flush=True)

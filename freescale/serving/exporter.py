@@ -134,13 +134,13 @@ def export_model(
     with exported_attention(attention):
         program = trace(model, signature, example, dynamic)
     torch.export.save(program, out / PROGRAM)
-    files, inductor = [PROGRAM], None
+    files, inductor, failed = [PROGRAM], None, None
     if aoti:  # in a child process (`freescale.serving.aoti`): a crash there is one paragraph
         try:
             inductor = compile_package(out / PROGRAM, out / PACKAGE)
+            files.append(PACKAGE)
         except CompileError as e:
-            raise ExportError(str(e)) from None
-        files.append(PACKAGE)
+            failed = str(e)
     record = {
         "format": FORMAT,
         "freescale": freescale.__version__,
@@ -154,10 +154,13 @@ def export_model(
         "schema": None if schema is None else _schema_record(schema),
         "output": "float32 [C]: one logit per candidate, in the candidates' order",
         "aoti_inductor_configs": inductor,
+        "aoti_error": failed,
         **(extra or {}),
         "files": {name: [(out / name).stat().st_size, sha256_file(out / name)] for name in files},
     }
     (out / MANIFEST).write_text(json.dumps(record, indent=1) + "\n")
+    if failed:  # after the manifest: the program serves (load(OUT, aoti=False))
+        raise ExportError(failed)
     return out
 
 

@@ -25,3 +25,26 @@ def test_the_reason_keeps_the_assert_and_the_last_errors():
     got = _reason(stderr)
     assert got.count("Assertion") == 1 and "index out of bounds" in got
     assert "InductorError: AcceleratorError" in got and "frame #0" not in got
+
+
+def test_a_failed_compile_leaves_a_program_that_serves(tmp_path, monkeypatch):
+    """The manifest is written before the error: ``load(OUT, aoti=False)`` serves."""
+    import torch
+
+    from freescale.serving import ExportError, export_model, exporter, load
+    from freescale.serving.loader import read_manifest
+    from tests.serving.test_export import MODELS, batches, example
+
+    def fail(program, package):
+        raise CompileError("AOTInductor could not compile it (planted)")
+
+    monkeypatch.setattr(exporter, "compile_package", fail)
+    torch.manual_seed(0)
+    model = MODELS["categories"][0]().eval()
+    with pytest.raises(ExportError, match="planted"):
+        export_model(model, example("categories"), tmp_path, aoti=True)
+    assert read_manifest(tmp_path)["aoti_error"].endswith("(planted)")
+    served = load(tmp_path, aoti=False)
+    batch = batches("categories", 2)[1]
+    with torch.no_grad():
+        assert torch.equal(served(batch), model(batch))
