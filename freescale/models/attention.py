@@ -82,6 +82,7 @@ class AttentionLayout:
     q_pad: Tensor | None = None
     k_pad: Tensor | None = None
     plan: CrossPlan | None = None  # triton: the key chunks (`kernels.attention.cross`)
+    options: tuple[str, str] = ("auto", "auto")  # op: the model's attention, cross_attention
 
     def tensors(self) -> list[Tensor]:
         """The device tensors it holds (offsets, masks, the cross plan's)."""
@@ -293,9 +294,10 @@ def attend(q: Tensor, k: Tensor, v: Tensor, layout: AttentionLayout) -> Tensor:
     """Attention of one pattern whose layout was built once for the forward."""
     if layout.impl == "triton":
         return _triton_cross(q, k, v, layout)
-    if layout.impl == "op":  # an exported program's (`attention_op`)
+    if layout.impl == "op":  # an exported program's (`attention_op`), the model's options
         op = torch.ops.freescale.jagged_attention
-        return op(q, k, v, layout.q.offsets, layout.k.offsets, layout.causal)
+        attention, cross = layout.options
+        return op(q, k, v, layout.q.offsets, layout.k.offsets, layout.causal, attention, cross)
     if layout.impl == "padded":
         assert layout.q.padded is not None and layout.k.padded is not None
         return padded_attention(q, k, v, layout.q.padded, layout.k.padded, layout.causal)

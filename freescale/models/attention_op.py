@@ -14,9 +14,8 @@ The op lives in Python: a program or AOTInductor package that calls it loads
 in a process that imported ``freescale`` (`freescale.serving.load` does), not
 in a C++-only runtime; export with ``attention="padded"`` for that
 (`freescale.serving.exporter`). Inference only: it has no autograd formula.
-On CUDA each call builds its own layout (a host read of the maxima, per layer
-and pattern) and takes ``auto``'s choice whatever the model's ``attention``
-options were: the eval forward builds one layout per forward.
+Each call builds its own layout (on CUDA a host read of the maxima, per layer
+and pattern), where the eval forward builds one per forward.
 """
 
 from __future__ import annotations
@@ -28,26 +27,32 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
-from freescale.models.attention import jagged_attention, reference_attention
+from freescale.models.attention import cross_attention_impl, jagged_attention
 
 
 @torch.library.custom_op("freescale::jagged_attention", mutates_args=())
 def jagged_attention_op(
-    q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, k_offsets: Tensor, causal: bool
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    q_offsets: Tensor,
+    k_offsets: Tensor,
+    causal: bool,
+    attention: str = "auto",
+    cross: str = "auto",
 ) -> Tensor:
-    """q: [Tq, H, d], k/v: [Tk, H, d] -> [Tq, H, d], contiguous."""
+    """q: [Tq, H, d], k/v: [Tk, H, d] -> [Tq, H, d], contiguous. ``attention``
+    and ``cross``: the model's options, resolved here for the device the
+    program runs on (`self_attention_impl`, `cross_attention_impl`)."""
     # The causal pattern is a self-attention: its keys' offsets are the queries'
     # (one object, as the model's layouts have it).
     keys = q_offsets if causal else k_offsets
-    if q.device.type == "cpu":
-        out = reference_attention(q, k, v, q_offsets, keys, causal)
-    else:
-        out = jagged_attention(q, k, v, q_offsets, keys, causal)
-    return out.contiguous()
+    impl = attention if causal else cross_attention_impl(cross, attention, q.is_cuda, q.shape[-1])
+    return jagged_attention(q, k, v, q_offsets, keys, causal, impl=impl).contiguous()
 
 
 @jagged_attention_op.register_fake
-def _(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, k_offsets: Tensor, causal: bool):
+def _(q, k, v, q_offsets, k_offsets, causal, attention="auto", cross="auto"):
     return q.new_empty(q.shape)
 
 

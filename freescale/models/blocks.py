@@ -176,7 +176,11 @@ class BlockStack(nn.ModuleList):
             return padded_layouts(batch, max_uih, max_candidates)
         if exporting:
             uih, cand = Segments(uih_off), Segments(cand_off)
-            return AttentionLayout("op", uih, uih, True), AttentionLayout("op", cand, uih, False)
+            options = (self.attention, self.cross_attention)
+            return (
+                AttentionLayout("op", uih, uih, True, options=options),
+                AttentionLayout("op", cand, uih, False, options=options),
+            )
         device = (uih_off.device if uih_off.is_cuda else torch.device("cuda")) if on_cuda else None
         own = self.self_attention_impl(device)
         impl = self.cross_attention_impl(on_cuda)
