@@ -212,8 +212,9 @@ def test_a_model_that_cannot_be_exported_is_one_paragraph(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_the_attention_op_serves_on_cuda(tmp_path):
-    """On CUDA the op runs varlen / cuDNN in bf16 where the eval forward may run
-    the Triton cross-attention in float32: within bf16's reordered-sum bound."""
+    """On CUDA the op runs the eval forward's kernels (cuDNN or varlen in bf16,
+    the Triton cross-attention), each call on its own layout; bf16 kernels may
+    pick other tiles for other sizes: within bf16's reordered-sum bound."""
     from freescale.testing.tolerance import reduction_tol
 
     torch.manual_seed(0)
