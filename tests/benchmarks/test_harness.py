@@ -141,7 +141,9 @@ def test_size_limits():
     assert len(py) <= 17  # 15 before issue 42 (cross-attention), 16 before issue 45 (serving)
     assert sum(len(p.read_text().splitlines()) for p in py) <= 3600  # 3500 before issue 45
     committed = [p for p in report.RESULTS.rglob("*") if p.is_file() and p.name != ".gitignore"]
-    assert len(committed) <= 64  # 56 before issue 41, whose hstu-* reports add 8
+    # 56 before issue 41, whose hstu-* reports add 8; 64 before the first GPU reports of
+    # issues 42 and 46 (cross-attention, host-tier: 2 each; two HSTU probes became one file)
+    assert len(committed) <= 67
     assert sum(p.stat().st_size for p in committed) <= 3 * 1024 * 1024
 
 
