@@ -230,3 +230,25 @@ def test_trainer_compiles_once_on_gpu_and_graphs_say_which_ran():
     assert both.summary["dense_graphs"] == "on"
     assert both.summary["dense_compile"].startswith("off: dense.graphs=true")
     assert all(s["compiled_frames"] == 0 for s in both.steps)
+
+
+def test_steps_count_the_attention_graphs_they_build(monkeypatch):
+    """A cuDNN graph built inside a step (here: the cache's counter bumped by
+    step 6's forward) shows in that step's JSON and in the summary."""
+    from freescale.kernels.attention import cudnn_sdpa
+    from freescale.models.blocks import BlockStack
+
+    forward, calls = BlockStack.forward, []
+
+    def counting(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 7:  # step 6 (one forward per step)
+            cudnn_sdpa.CACHE.builds += 1
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(BlockStack, "forward", counting)
+    run = _train("cpu", [])
+    assert len(calls) == 10
+    built = [s["attention_graphs_built"] for s in run.steps]
+    assert built == [0] * 6 + [1] + [0] * 3
+    assert run.summary["attention_graphs_after_warmup"] == 1
