@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from freescale.jagged.batch import UIH_IDS, SampleBatch
+from freescale.kernels.attention import cudnn_sdpa
 from freescale.kernels.linear import Linear
 from freescale.models.attention import (
     AttentionLayout,
@@ -243,6 +244,24 @@ def check_attention_device(model: nn.Module, device: torch.device) -> None:
     for module in model.modules():
         if isinstance(module, BlockStack):
             module.self_attention_impl(device if device.type == "cuda" else None)
+
+
+def attention_in_use(model: nn.Module, device: torch.device) -> dict[str, str] | None:
+    """The attention a block stack of ``model`` runs on ``device`` (the run
+    summary's ``attention``): ``self`` and ``cross`` implementations, and
+    ``self_why`` where ``auto`` could not take cuDNN on a GPU (a missing
+    package is otherwise silent: varlen runs instead). None without a stack."""
+    for module in model.modules():
+        if isinstance(module, BlockStack):
+            cuda = device.type == "cuda"
+            own = module.self_attention_impl(device if cuda else None)
+            out = {"self": own, "cross": module.cross_attention_impl(cuda)}
+            if cuda and module.attention == "auto" and own != "cudnn":
+                head_dim = module[0].head_dim if len(module) else 0
+                why = cudnn_sdpa.unavailable(device, head_dim)
+                out["self_why"] = f"not cudnn: needs {why}" if why else "not cudnn: graphed stack"
+            return out
+    return None
 
 
 def max_lengths(*offsets: Tensor) -> list[int]:

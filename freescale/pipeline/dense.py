@@ -18,7 +18,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from freescale.config import DenseSection, FaultsSection, RunSection
 from freescale.kernels.attention import cudnn_sdpa
-from freescale.models.blocks import check_attention_device
+from freescale.models.blocks import attention_in_use, check_attention_device
 from freescale.models.dropout import training_step
 from freescale.observe.timing import SectionTimer
 from freescale.pipeline.compile import compile_regions, compile_state, compiled_frames
@@ -153,6 +153,11 @@ class DenseTraining:
         self.autocast = torch.autocast(
             device.type, dtype=torch.bfloat16, enabled=section.amp == "bf16"
         )
+
+    def attention_summary(self) -> dict[str, Any]:
+        """The summary's ``attention``: what the model's block stack runs here."""
+        found = attention_in_use(self.model, self.device)
+        return {"attention": found} if found else {}
 
     def graph_summary(self) -> dict[str, Any]:
         """The summary's word on ``dense.graphs`` and ``dense.compile``: nothing

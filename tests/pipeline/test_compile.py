@@ -252,3 +252,5 @@ def test_steps_count_the_attention_graphs_they_build(monkeypatch):
     built = [s["attention_graphs_built"] for s in run.steps]
     assert built == [0] * 6 + [1] + [0] * 3
     assert run.summary["attention_graphs_after_warmup"] == 1
+    # and which attention ran (on a GPU: cuDNN, or why not)
+    assert run.summary["attention"] == {"self": "reference", "cross": "reference"}
