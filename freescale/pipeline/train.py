@@ -228,8 +228,7 @@ class Trainer:
             "nonfinite_skipped": self.dense.nonfinite.skipped,
         }
         extra["resumed"] = self.state.resumed() if self.state.data_position else None
-        extra.update(self.dense.graph_summary())  # and dense.compile's
-        extra.update(self.dense.attention_summary())  # auto's choice, and why not cuDNN
+        extra.update({**self.dense.graph_summary(), **self.dense.attention_summary()})
         if final:
             extra["eval"] = final
             if samples := final.get("data", {}).get("train_samples"):  # unknown when streamed
