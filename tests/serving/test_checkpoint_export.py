@@ -85,3 +85,29 @@ def test_a_user_model_is_imported_only_when_named(trained, tmp_path, capsys):
     assert "--model examples.categories:build" in err and err.count("\n") == 1
     assert main(["export", str(ck), str(tmp_path / "o"), "--model", "x.y:z"]) == 2
     assert "not x.y:z" in capsys.readouterr().err
+
+
+def test_the_cli_exports_either_attention(trained, tmp_path, capsys):
+    """``--attention jagged`` (the default): the model's own attention, bitwise on
+    the CPU; ``--attention padded``: the self-contained program, within the
+    reordered-sum bound; any other word: argparse's one line, rc 2."""
+    ck, state = trained
+    plain = build(freescale.DataSchema.standard(ITEMS, 4), dim=DIM, layers=1)
+    plain.load_state_dict(state)
+    plain.eval()
+    batch = random_batch(5, 6, max_uih=20, num_items=ITEMS, dense_dim=None)
+    with torch.no_grad():
+        expected = plain(batch)
+    for word in ("jagged", "padded"):
+        out = tmp_path / word
+        assert main(["export", str(ck), str(out), "--attention", word]) == 0
+        assert read_manifest(out)["attention"] == word
+        got = load(out)(batch)
+        if word == "jagged":
+            assert torch.equal(got, expected)
+        else:
+            assert_reordered_close(got, expected, terms=4 * DIM, depth=2)
+    with pytest.raises(SystemExit) as info:
+        main(["export", str(ck), str(tmp_path / "x"), "--attention", "dense"])
+    assert info.value.code == 2
+    assert "invalid choice: 'dense'" in capsys.readouterr().err

@@ -227,3 +227,11 @@ def test_the_attention_op_serves_on_cuda(tmp_path):
             expected = model(batch)
         diff = (served(batch) - expected).abs().max().item() if expected.numel() else 0.0
         assert diff <= tol["atol"] + tol["rtol"], diff
+
+
+def test_an_unknown_exported_attention_is_one_line(tmp_path):
+    model = MODELS["sequence"][0]().eval()
+    with pytest.raises(
+        ValueError, match="exported attention must be jagged or padded, got 'dense'"
+    ):
+        export_model(model, example("sequence"), tmp_path, attention="dense")
