@@ -17,8 +17,8 @@ twice, ~8 small kernels each, and read maxima back on the host).
 
 Implementations (``impl``, the model's ``attention`` option):
 - ``reference``: per-sample SDPA loops (CPU; the reference twin of the others);
-- ``op``: the per-sample reference (CPU) or varlen / cuDNN (CUDA) behind one
-  `torch.library` op (`attention_op`): what an exported program calls
+- ``op``: the model's own implementations behind one `torch.library` op
+  (`attention_op`): what an exported program calls
   (`freescale.serving`), not a training option;
 - ``padded``: the batch padded to its widest sample, one SDPA
   (`padded_attention`): an exported program's self-contained fallback;

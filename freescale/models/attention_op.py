@@ -5,10 +5,11 @@ segment i attends to key segment i (causally for the UIH self-attention,
 where both offsets are the same), a query whose sample has no keys gets 0.
 `torch.export` keeps it as one opaque node whose output is shaped like ``q``
 (the fake kernel), so one program serves every batch shape at Σ L_i² work,
-where the padded fallback (`padded_attention`) costs B · L_max². Inside, the
-eager paths run: the per-sample reference on the CPU (the eval forward's own:
-bitwise), `jagged_attention` on CUDA (cuDNN for the causal pattern where it
-runs, else varlen; the cross pattern on varlen).
+where the padded fallback (`padded_attention`) costs B · L_max². Inside,
+`jagged_attention` runs the model's ``attention`` / ``cross_attention``
+options as the eval forward resolves them on that device: the per-sample
+reference on the CPU (bitwise the eval forward's), cuDNN or varlen and the
+Triton cross-attention on CUDA.
 
 The op lives in Python: a program or AOTInductor package that calls it loads
 in a process that imported ``freescale`` (`freescale.serving.load` does), not

@@ -29,6 +29,7 @@ import freescale
 ERROR_LINES = 2  # the child's last error lines kept in the paragraph
 TIMEOUT_S = 3 * 3600  # a compile takes minutes; one that takes hours is stuck
 MARK = "freescale-aoti-configs "  # the child's result line
+SERVES = "The torch.export program was written and serves (freescale.serving.load(OUT, aoti=False))"
 _RAISED = re.compile(r"[\w.]*(Error|Exception)\w*: ")  # "torch._inductor.exc.InductorError: ..."
 
 
@@ -50,17 +51,14 @@ def compile_package(program: Path, package: Path) -> dict[str, Any]:
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
         raise CompileError(
-            f"AOTInductor did not compile {program} in {TIMEOUT_S} s (child process "
-            "stopped). The torch.export program was written and serves "
-            "(freescale.serving.load(OUT, aoti=False))"
+            f"AOTInductor did not compile {program} in {TIMEOUT_S} s (child stopped). {SERVES}"
         ) from None
     if done.returncode == 0:
         marked = [ln for ln in done.stdout.splitlines() if ln.startswith(MARK)]
         return json.loads(marked[-1][len(MARK) :]) if marked else {}
     raise CompileError(
         f"AOTInductor could not compile {program} (child process rc {done.returncode}): "
-        f"{_reason(done.stderr)}. The torch.export program was written and serves "
-        "(freescale.serving.load(OUT, aoti=False))"
+        f"{_reason(done.stderr)}. {SERVES}"
     )
 
 
