@@ -1,7 +1,8 @@
 """Embedding state on disk and in ``state_dict()`` (part of `freescale.embedding`).
 
 - `checkpoint`: ``save`` / ``load`` of the sharded tables and optimizer state
-  with ``torch.distributed.checkpoint``, and `TableEntries` (resharding form);
+  with ``torch.distributed.checkpoint``, `TableEntries` (resharding form)
+  and `WeightCopies` (copies of the rows, the same form);
 - `state_dict`: tables and optimizer state as contiguous row chunks
   (``DTensor`` ``Shard(0)``), what a swapped model's ``state_dict()`` holds;
 - `dcp_safe`: reading a DCP directory without running code from it.

@@ -9,7 +9,8 @@ Two forms of the same state:
 - `TableEntries(collection)`: every table in logical row order, a ``DTensor``
   ``Shard(0)`` of contiguous row chunks (`freescale.embedding.state.state_dict`,
   the entries a swapped model's ``state_dict()`` holds). DCP reshards these:
-  saved at W ranks, they load at any W' (the trainer's checkpoints use them).
+  saved at W ranks, they load at any W' (the trainer's checkpoints use them);
+  `WeightCopies`: the same weight entries of copies of the rows.
 
 DCP writes replicated tensors of a whole model once. Loading runs no code
 from the files: the index is read by `freescale.embedding.state.dcp_safe`, which
@@ -24,12 +25,17 @@ from typing import Any
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch import nn
+from torch import Tensor, nn
 
 from freescale.comm import Communicator, TorchCommunicator
 from freescale.embedding.collection import ShardedEmbeddingCollection
 from freescale.embedding.state.dcp_safe import SafeReader, read_metadata
-from freescale.embedding.state.state_dict import load_tables, save_tables
+from freescale.embedding.state.state_dict import (
+    load_copies,
+    load_tables,
+    save_copies,
+    save_tables,
+)
 
 
 class TableEntries(nn.Module):
@@ -54,6 +60,26 @@ class TableEntries(nn.Module):
 
     def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any) -> None:
         load_tables(self.collection, self.names, prefix, state_dict, *args, comm=self.comm)
+
+
+class WeightCopies(nn.Module):
+    """Copies of the tables' rows (``copies``: one tensor per store of
+    ``collection``, shaped as its ``weight``) as ``<table>.weight`` entries that
+    reshard exactly as `TableEntries`' do; no optimizer state. ``copies`` is read
+    when the state is taken and written in place on load (a collective, too)."""
+
+    def __init__(self, collection: ShardedEmbeddingCollection, copies: list[Tensor]) -> None:
+        super().__init__()
+        self.__dict__["collection"], self.__dict__["copies"] = collection, copies
+        self.__dict__["comm"] = _exchange_comm(collection)
+
+    def _save_to_state_dict(self, destination: dict, prefix: str, keep_vars: bool) -> None:
+        save_copies(self.collection, self.copies, prefix, destination, self.comm)
+
+    def _load_from_state_dict(
+        self, state_dict: dict, prefix: str, local_metadata: dict, strict: bool, *errors: Any
+    ) -> None:
+        load_copies(self.collection, self.copies, prefix, state_dict, *errors, comm=self.comm)
 
 
 def _exchange_comm(collection: ShardedEmbeddingCollection) -> Communicator:

@@ -20,11 +20,14 @@ RuntimeError within seconds instead of a hang until the group's timeout.
 Keys, under a swapped module's path: ``<table>.weight``,
 ``<table>.optimizer.<state>`` (e.g. Adagrad's ``sum_sq``) and
 ``<table>.optimizer.step`` (updates received; drives lr hooks and Adam).
+`save_copies` / `load_copies` write and read the same ``<table>.weight``
+entries for copies of the stores' rows, kept apart from the live tables.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -220,6 +223,55 @@ def load_tables(
     # A swapped module has no children: any other key under it is foreign
     # (e.g. Adagrad state loaded into an SGD table).
     unexpected_keys.extend(k for k in state_dict if k.startswith(prefix) and k not in ours)
+
+
+def save_copies(
+    collection: ShardedEmbeddingCollection,
+    copies: Sequence[Tensor],
+    prefix: str,
+    destination: dict,
+    comm: Communicator,
+) -> None:
+    """``<table>.weight`` of every table as `save_tables` writes it, but read from
+    ``copies`` (one tensor per store, shaped as its ``weight``: rows kept from
+    an earlier step) instead of the stores; no optimizer state (a collective)."""
+    _agree(comm, f"state_dict() of table copies under {prefix!r}")
+    for store, copy, t, name in _copy_slots(collection, copies):
+        local = store.table_slice(t, copy).detach()
+        gather = partial(collection._gather, name)
+        destination[f"{prefix}{name}.weight"] = _as_global(store.shardings[t], comm, local, gather)
+
+
+def load_copies(
+    collection: ShardedEmbeddingCollection,
+    copies: Sequence[Tensor],
+    prefix: str,
+    state_dict: Mapping[str, Any],
+    missing_keys: list[str],
+    unexpected_keys: list[str],
+    error_msgs: list[str],
+    comm: Communicator,
+) -> None:
+    """Read what `save_copies` wrote into ``copies`` (the stores stay as they are)."""
+    _agree(comm, f"load_state_dict() of table copies under {prefix!r}")
+    ours: set[str] = set()
+    for store, copy, t, name in _copy_slots(collection, copies):
+        key = f"{prefix}{name}.weight"
+        ours.add(key)
+        if key in state_dict:
+            _load_tensor(comm, store, t, copy, state_dict[key], key, error_msgs)
+        else:
+            missing_keys.append(key)
+    unexpected_keys.extend(k for k in state_dict if k.startswith(prefix) and k not in ours)
+
+
+def _copy_slots(
+    collection: ShardedEmbeddingCollection, copies: Sequence[Tensor]
+) -> Iterator[tuple[ShardStore, Tensor, int, str]]:
+    """(store, its copy, table index in it, table name), in the same order on every rank."""
+    for store, copy in zip(collection.stores, copies, strict=True):
+        for t, table in enumerate(store.tables):
+            yield store, copy, t, table.name
 
 
 def _named(store: ShardStore, weights: bool) -> dict[str, Tensor]:
