@@ -7,7 +7,11 @@ A checkpoint taken after step ``n - 1`` is a directory ``step-<n>`` holding
   each table a ``DTensor`` of contiguous row chunks, each rank writing its
   chunk, so any world size can read them (DCP reshards);
 - ``trainer.pt`` (rank 0): dense weights, the dense optimizer, the balancer's
-  state (cost model, AutoTune) - replicated, so written once;
+  state (cost model, AutoTune), with ``evaluation.keep_best`` the best
+  evaluation (`freescale.state.best`: metric, value, step, evaluations
+  since, its dense weights) - replicated, so written once;
+- ``best/`` (with a best): the best evaluation's table rows, as ``tables/``
+  (`WeightCopies`; no optimizer state);
 - ``rank<r>.pt``: that rank's RNG states (python, numpy, torch, CUDA) as
   tensors (`freescale.state.rng`);
 - ``config.toml`` (rank 0): the run's config (`freescale.config.files`);
@@ -27,15 +31,16 @@ the first problem found (`freescale.comm.rank_text`), so every rank
 raises the same one-line ValueError before any state changes.
 
 Another world size. A checkpoint written by W ranks resumes at any W': the
-tables and their optimizer state reshard exactly; dense weights, Adam and
-the balancer's cost model are replicated and load as they are (AutoTune's
-per-rank shares start afresh at another W); rank ``r`` restores the RNG
-states of saved rank ``r``, or of saved rank 0 where ``r >= W`` (every rank
-is seeded alike and training draws from no global generator, so they are
-equal unless a model draws rank-dependently). The data position: the run
-continues at step ``n``, a source that can continues at the sample it
-stopped at, one stream per rank (``parquet-stream``) redeals the rest of
-its epochs to the new ranks (`freescale.state.position`).
+tables, their optimizer state and the best rows reshard exactly; dense
+weights, Adam and the balancer's cost model are replicated and load as they
+are (AutoTune's per-rank shares start afresh at another W); rank ``r``
+restores the RNG states of saved rank ``r``, or of saved rank 0 where
+``r >= W`` (every rank is seeded alike and training draws from no global
+generator, so they are equal unless a model draws rank-dependently). The
+data position: the run continues at step ``n``, a source that can continues
+at the sample it stopped at, one stream per rank (``parquet-stream``)
+redeals the rest of its epochs to the new ranks
+(`freescale.state.position`).
 
 Atomicity: everything is written into ``step-<n>.partial``; after a barrier
 (every rank's files are on disk, fsynced) rank 0 renames it to ``step-<n>``
@@ -64,6 +69,7 @@ from freescale.config.files import toml_text
 from freescale.embedding.state.checkpoint import load as load_tables
 from freescale.embedding.state.checkpoint import save as save_tables
 from freescale.state.checkpoint_files import (
+    BEST,
     FORMAT,
     MANIFEST,
     TABLES,
@@ -201,6 +207,7 @@ class Checkpointer:
         replicated: dict[str, Any],
         samples_seen: int,
         segments: Segments = (),
+        best: nn.Module | None = None,
     ) -> Path:
         """Write the checkpoint of a run that continues at ``next_step``.
 
@@ -209,7 +216,8 @@ class Checkpointer:
         equal on every rank (dense model, optimizer, balancer); rank 0 writes
         them. ``samples_seen``: samples consumed before ``next_step``, all ranks.
         ``segments``: the run's world sizes by step (`freescale.state.position`;
-        ``()``: this world size throughout).
+        ``()``: this world size throughout). ``best``: the best evaluation's
+        rows (`BestWeights.tables`), saved as ``tables`` is.
         """
         assert self.directory is not None, "save needs a checkpoint directory"
         final = self.directory / f"{PREFIX}{next_step:08d}"
@@ -219,6 +227,8 @@ class Checkpointer:
             partial.mkdir(parents=True)
         self._barrier()
         save_tables(tables, partial / TABLES, process_group=self.group)
+        if best is not None:
+            save_tables(best, partial / BEST, process_group=self.group)
         write_plain({"rng": rng_state()}, partial / f"rank{self.rank}.pt")
         if self.rank == 0:
             write_plain({k: v.state_dict() for k, v in replicated.items()}, partial / "trainer.pt")
@@ -308,3 +318,7 @@ class Checkpointer:
         world = manifest["world_size"]
         segments = tuple(tuple(s) for s in manifest.get("segments", [[0, world]]))
         return DataPosition(manifest["step"], manifest["samples_seen"], world, segments)
+
+    def load_best(self, path: Path, best: nn.Module) -> None:
+        """The best evaluation's rows into ``best`` (after `load`, which checked them)."""
+        load_tables(best, path / BEST, process_group=self.group)

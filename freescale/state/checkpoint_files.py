@@ -8,7 +8,8 @@ one must not run code and must not use a damaged file. Two rules:
   ``torch.load(weights_only=True)``, which refuses anything else (`safe_load`
   names the file and the refused type). `write_plain` checks the same rule
   at save, so a state that grows an ndarray fails when written, not when
-  loaded. The tables' DCP files are read by `freescale.embedding.state.dcp_safe`.
+  loaded. The DCP files (tables, best rows) are read by
+  `freescale.embedding.state.dcp_safe`.
 - Digests. The manifest, written last, records ``[bytes, sha256]`` of every
   other file (`digest`); before anything is used every file's size is
   compared (missing, truncated), then its SHA-256 (altered). The manifest
@@ -42,6 +43,7 @@ from freescale.state.rng import check_rng_state
 FORMAT = 3
 MANIFEST = "manifest.json"
 TABLES = "tables"
+BEST = "best"  # the best evaluation's rows (``evaluation.keep_best``), when there is one
 _CHUNK = 16 << 20  # hashlib releases the GIL on large updates
 
 
@@ -230,24 +232,25 @@ def read_checked(
     """Check ``directory`` and return (trainer state, {rank: RNG state} of ``ranks``).
 
     Sizes of all files, SHA-256 of ``hashed`` (all of them, or this rank's
-    `share`), the tables' index and chunk pickles, then the plain loads.
+    `share`), the index and chunk pickles of the tables (and of the best
+    rows, if any), then the plain loads.
     """
     files = manifest["files"]
     world = manifest["world_size"]
-    tables = directory / TABLES
     for name in required(world):
         if name not in files:
             raise ValueError(f"checkpoint {directory}: its manifest lists no {name}")
     check_sizes(directory, files)
     check_digests(directory, files, hashed)
-    index = read_metadata(tables)
-    for name in sorted(data_files(index)):
-        if f"{TABLES}/{name}" not in files:
-            raise ValueError(f"checkpoint {directory}: its manifest lists no {TABLES}/{name}")
-    check_blobs(tables, index)
+    _check_tables(directory, TABLES, files)
+    if f"{BEST}/.metadata" in files:
+        _check_tables(directory, BEST, files)
     trainer = safe_load(directory / "trainer.pt")
     if not isinstance(trainer, dict):
         raise ValueError(f"checkpoint file {directory / 'trainer.pt'} holds no state dict")
+    best = trainer.get("best")
+    if isinstance(best, dict) and "value" in best and f"{BEST}/.metadata" not in files:
+        raise ValueError(f"checkpoint {directory}: its manifest lists no {BEST}/.metadata")
     rngs = {}
     for r in ranks:
         path = directory / f"rank{r}.pt"
@@ -256,3 +259,12 @@ def read_checked(
         check_rng_state(state, str(path))
         rngs[r] = state
     return trainer, rngs
+
+
+def _check_tables(directory: Path, tables: str, files: dict[str, list]) -> None:
+    """The DCP directory ``tables``: every data file listed, index and chunks plain."""
+    index = read_metadata(directory / tables)
+    for name in sorted(data_files(index)):
+        if f"{tables}/{name}" not in files:
+            raise ValueError(f"checkpoint {directory}: its manifest lists no {tables}/{name}")
+    check_blobs(directory / tables, index)
