@@ -59,11 +59,6 @@ class TrainConfig:
             raise ValueError(
                 f"balance.max_local_batch must be 0 or >= run.batch_size ({self.run.batch_size})"
             )
-        if self.evaluation.keep_best and self.checkpoint.resume and not self.eval_only:
-            raise ValueError(
-                "evaluation.keep_best cannot resume yet (checkpoints do not hold the best "
-                "weights): drop checkpoint.resume or keep_best"
-            )
         dropout = [k for k in DROPOUT_KEYS if self.model.options.get(k)]
         if dropout and (self.dense.graphs or self.dense.compile):
             raise ValueError(

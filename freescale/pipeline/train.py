@@ -87,16 +87,16 @@ class Trainer:
         self.summary = self.metrics.summary
         self.liveness = Liveness(self.rank, self.world, run.timeout_s)
         self.inputs = InputAgreement(group, self.rank, self.world, Limits.of(self.schema))
+        self.evaluator = Evaluator(
+            cfg.evaluation, self.model, self.source, self.embeddings, self.schedule,
+            self.rank, self.world, run.batch_size, device,
+        )  # fmt: skip
         replicated = {"model": DenseState(self.model, self.embeddings), "optimizer": self.optimizer}
         self.state = RunState(
             cfg.checkpoint, cfg.as_dict(), group, self.world, run.batch_size,
             self.sparse.table_entries,
             {**replicated, "balancer": self.balance} if self.balance else replicated,
-            self.schedule.flush,
-        )  # fmt: skip
-        self.evaluator = Evaluator(
-            cfg.evaluation, self.model, self.source, self.embeddings, self.schedule,
-            self.rank, self.world, run.batch_size, device,
+            self.schedule.flush, self.evaluator.best,  # keep_best: checkpointed too
         )  # fmt: skip
         self.faults = Faults(cfg.faults, self.rank, device)
         self.profiler, self.schedule_name = profiler, self.sparse.schedule_name

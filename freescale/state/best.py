@@ -10,18 +10,22 @@ summary's ``eval.best = {metric, value, step, epoch, stopped_early}``. With
 ``evaluation.patience = N`` the run stops after N evaluations in a row
 without a new best.
 
-The copies live in memory only: a checkpoint does not hold them, so a
-resumed run could not know an earlier best; ``checkpoint.resume`` with
-``keep_best`` is refused at start (`TrainConfig`).
+A checkpoint holds them (`freescale.state.checkpoint`): `state_dict` (metric,
+value, step, evaluations since, the dense copy; in ``trainer.pt``) and
+`tables` (the best rows, resharded as the live tables are). A resumed run
+goes on from that best, its patience count included. A checkpoint without
+one (written before the first evaluation, without ``keep_best``, or for
+another metric) resumes with no best; a run without ``keep_best`` ignores it.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from torch import Tensor
+from torch import Tensor, nn
 
 from freescale.config import EvaluationSection
+from freescale.embedding.state.checkpoint import WeightCopies
 from freescale.state.run_state import DenseState
 
 
@@ -30,7 +34,7 @@ class BestWeights:
 
     def __init__(self, section: EvaluationSection, dense: DenseState, embeddings: Any) -> None:
         self.metric, self.patience = section.keep_best, section.patience
-        self.dense, self.stores = dense, list(embeddings.stores)
+        self.dense, self.embeddings, self.stores = dense, embeddings, list(embeddings.stores)
         self.value: float | None = None
         self.step = -1
         self.since_best = 0  # evaluations since the best
@@ -66,6 +70,27 @@ class BestWeights:
         if steps_per_epoch:
             out["epoch"] = (self.step + 1) / steps_per_epoch
         return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """The best so far, plain and equal on every rank (rank 0 saves it); no
+        ``value`` before the first evaluation. Its rows: `tables`."""
+        out: dict[str, Any] = {"metric": self.metric, "since_best": self.since_best}
+        if self.value is not None:
+            out.update(value=self.value, step=self.step, dense=self._dense)
+        return out
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take a checkpoint's best (another metric's is none); `tables` then
+        receives its rows."""
+        if state.get("metric") != self.metric or "value" not in state:
+            return
+        self.value, self.step = float(state["value"]), int(state["step"])
+        self.since_best, self._dense = int(state["since_best"]), dict(state["dense"])
+        self._tables = [self._weight(store).clone() for store in self.stores]  # `tables` fills
+
+    def tables(self) -> nn.Module | None:
+        """The best rows as checkpoint entries (`WeightCopies`); None without a best."""
+        return None if self.value is None else WeightCopies(self.embeddings, self._tables)
 
     @staticmethod
     def _weight(store: Any) -> Tensor:

@@ -2,7 +2,8 @@
 
 Built from the ``checkpoint`` section. What a checkpoint holds: the tables
 (`TableEntries`, resharded at any world size), the dense weights and Adam,
-the balancer's state, and where training stands in the data
+the balancer's state, the best evaluation of ``evaluation.keep_best``
+(`freescale.state.best`) and where training stands in the data
 (`freescale.state.position`).
 """
 
@@ -47,7 +48,8 @@ class DenseState:
 
 
 class RunState:
-    """Restore (``resume``) and save (``dir``/``every``/``keep``) a run."""
+    """Restore (``resume``) and save (``dir``/``every``/``keep``) a run;
+    ``best``: the run's `BestWeights` (``evaluation.keep_best``), else None."""
 
     def __init__(
         self,
@@ -59,10 +61,12 @@ class RunState:
         tables: Any,
         replicated: dict[str, Any],
         flush: Any,
+        best: Any = None,  # (best.py imports this module's `DenseState`)
     ) -> None:
         self.section, self.config = section, config
         self.world, self.batch_size = world, batch_size
-        self.tables, self.replicated, self.flush = tables, replicated, flush
+        self.tables, self.flush, self.best = tables, flush, best
+        self.replicated = {**replicated, "best": best} if best is not None else replicated
         self.checkpoints = Checkpointer(section.dir, section.every, section.keep, config, group)
         self.group = group
         # Where training starts in the data (`restore` moves it), and how it continues.
@@ -79,6 +83,9 @@ class RunState:
         # The files are checked by every rank together in `Checkpointer.load`.
         path = check_resumable(resume, self.config, verify=False)
         self.position = self.checkpoints.load(path, self.tables, self.replicated)
+        rows = self.best.tables() if self.best is not None else None
+        if rows is not None:  # the checkpoint held a best for this metric
+            self.checkpoints.load_best(path, rows)
         source, self.data_position = resumed_source(source, self.position, self.world)
         check_world = getattr(source, "check_world", None)  # a source that cannot continue
         if check_world is not None:  # there says so here, before any step
@@ -120,4 +127,5 @@ class RunState:
             self.replicated,
             self.samples_before(next_step),
             self.position.continued(self.world),
+            self.best.tables() if self.best is not None else None,
         )

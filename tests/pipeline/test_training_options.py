@@ -161,8 +161,17 @@ def test_keep_best_restores_the_best_weights_and_stops_after_patience():
     assert store.weight.tolist() == [1.0] * 3 and dense.state["w"].tolist() == [1.0] * 2
     report = {"metric": "ndcg@10", "value": 0.3, "step": 20, "epoch": 1.0, "stopped_early": True}
     assert best.report(20) == report
-    with pytest.raises(ValueError, match="keep_best cannot resume"):
-        build_config("demo", ["evaluation.keep_best=ndcg@10", "checkpoint.resume=/x"])
+    # What a checkpoint holds (the rows: `tables`, tests/state/test_best_resume.py)
+    saved, dense = best.state_dict(), _Dense()
+    again = BestWeights(EvaluationSection(keep_best="ndcg@10", patience=2), dense,
+                        _Embeddings(_Store()))  # fmt: skip
+    again.load_state_dict(saved)
+    again.restore()
+    assert (again.value, again.step, again.since_best, again.stop) == (0.3, 19, 2, True)
+    assert dense.state["w"].tolist() == [1.0] * 2
+    other = BestWeights(EvaluationSection(keep_best="auc"), _Dense(), _Embeddings(_Store()))
+    other.load_state_dict(saved)  # another metric's best is none
+    assert other.value is None and other.tables() is None
 
 
 class _Embeddings:
