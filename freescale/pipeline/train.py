@@ -201,7 +201,7 @@ class Trainer:
             pending = record
             if profiler is not None:
                 profiler.step()
-            if metrics.stop_agreed or self.state.due(step):
+            if metrics.stop_agreed or (self.state.due(step) and not self.evaluator.stop):
                 self._finish(pending, start)  # metrics complete up to this step
                 pending = None
                 self.state.save(step + 1)

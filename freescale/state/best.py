@@ -8,7 +8,8 @@ Before the final evaluation they are put back, so it, the summary and an
 exported state dict are those of the best evaluation, reported as the
 summary's ``eval.best = {metric, value, step, epoch, stopped_early}``. With
 ``evaluation.patience = N`` the run stops after N evaluations in a row
-without a new best.
+without a new best; no checkpoint is written at that step (resumed there, a
+run would train on), so a restart replays from the one before to the same stop.
 
 A checkpoint holds them (`freescale.state.checkpoint`): `state_dict` (metric,
 value, step, evaluations since, the dense copy; in ``trainer.pt``) and

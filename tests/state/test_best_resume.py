@@ -111,26 +111,16 @@ def test_a_run_resumed_by_auto_ends_as_the_uninterrupted_one(runs):
     _same_weights(resumed, full)
 
 
-@pytest.fixture(scope="module")
-def at_stop(runs):
-    """The full run resumed from its checkpoint at the stop (after step 11)."""
-    data, full_dir, _ = runs
-    return run_ranks(_resume_rank, 1, data, str(full_dir / f"{PREFIX}{12:08d}"))[0]
-
-
-def test_a_run_resumed_at_its_early_stop_ends_the_same(runs, at_stop):
-    full = runs[2][0]
-    assert at_stop["summary"]["first_step"] == 12
-    assert at_stop["summary"]["eval"] == full["summary"]["eval"]
-    _same_weights(at_stop, full)
-
-
-# The loop checks the stop after a step: resumed at the stop, a run trains one
-# more (evaluated only where one is due: not here). Training none needs a
-# summary of zero steps (`RunSummary.final` divides by their number).
-@pytest.mark.xfail(strict=True, reason="resumed at its early stop, a run trains one more step")
-def test_a_run_resumed_at_its_early_stop_trains_no_further(at_stop):
-    assert at_stop["losses"] == {}
+def test_a_restart_after_the_early_stop_replays_to_the_same_stop(runs):
+    """No checkpoint is written at the stop (a resume there would train on):
+    ``resume=auto`` takes the one before and stops where the run did."""
+    data, full_dir, (full, _, resumed) = runs
+    assert not (full_dir / f"{PREFIX}{12:08d}").exists()
+    again = run_ranks(_resume_rank, 1, data, "auto", f"checkpoint.dir={full_dir}")[0]
+    assert again["summary"]["first_step"] == AT
+    assert again["losses"] == resumed["losses"]
+    assert again["summary"]["eval"] == full["summary"]["eval"]
+    _same_weights(again, full)
 
 
 def _detour_rank(data: str, ck: str, out: str) -> dict:
