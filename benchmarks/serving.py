@@ -64,7 +64,7 @@ def measure(s: Scenario, ctx: Ctx) -> Result:
     t0 = time.perf_counter()
     attention = p.get("attention", "jagged")
     out = export_model(model, batches[0], ctx.raw / "export", device=device.type, aoti=aoti,
-                       attention=attention)  # fmt: skip
+                       attention=attention, say=lambda m: print(m, flush=True))  # fmt: skip
     export_s = time.perf_counter() - t0
     served = load(out)
     with torch.no_grad():

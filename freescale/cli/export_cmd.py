@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from freescale.cli.config_args import add_code_args
 
@@ -50,9 +51,13 @@ def run_export(args: argparse.Namespace) -> int:
             raise ValueError("--device cuda but no CUDA device is visible")
     out = export(args.checkpoint, args.out, model=args.model, data=args.data,
                  device=args.device, dynamic=args.dynamic, aoti=args.aoti,
-                 attention=args.attention)  # fmt: skip
+                 attention=args.attention, say=_say)  # fmt: skip
     manifest = read_manifest(out)
     record = {"command": "export", "out": str(out), "files": sorted(manifest["files"]),
               "checkpoint_sha256": manifest["source"]["manifest_sha256"]}  # fmt: skip
     print(json.dumps(record), flush=True)
     return 0
+
+
+def _say(msg: str) -> None:
+    print(f"freescale export: {msg}", file=sys.stderr, flush=True)

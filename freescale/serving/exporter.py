@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -81,6 +82,7 @@ def export(
     dynamic: bool = True,
     aoti: bool = False,
     attention: str = "jagged",
+    say: Callable[[str], None] | None = None,
 ) -> Path:
     """Export the checkpoint's model into the directory ``out``; returns it.
 
@@ -89,7 +91,8 @@ def export(
     options). Both default to what the checkpoint's config names when that is
     FreeScale's own code; other code is imported only when the caller names
     it (a checkpoint never chooses the code that runs). ``dynamic=False``: a
-    program for the example batch's shapes only.
+    program for the example batch's shapes only. ``say``: progress lines
+    (the trace and the compile take minutes at long sequences).
     """
     found, manifest, trainer = ck.checked(checkpoint)
     config = TrainConfig.from_dict(manifest["config"])
@@ -108,7 +111,7 @@ def export(
     options = {k: manifest["config"].get(k) for k in ("model", "data")}
     extra = {"source": source_record, "config": options}
     return export_model(plain, example, out, schema=schema, device=device, dynamic=dynamic,
-                        aoti=aoti, attention=attention, extra=extra)  # fmt: skip
+                        aoti=aoti, attention=attention, extra=extra, say=say)  # fmt: skip
 
 
 def export_model(
@@ -122,25 +125,35 @@ def export_model(
     aoti: bool = False,
     attention: str = "jagged",
     extra: dict[str, Any] | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> Path:
     """Export a plain ``model`` (its current weights) traced on ``example``;
-    ``attention``: ``jagged`` or ``padded`` (the module docstring)."""
+    ``attention``: ``jagged`` or ``padded`` (the module docstring); ``say``:
+    progress lines."""
+    say = say or (lambda msg: None)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     target = torch.device(device)
     model = model.to(target).eval()
     example = example.to(target)
     signature = Signature.of(example)
+    say(f"tracing {type(model).__name__} with torch.export ({attention} attention)")
+    start = time.perf_counter()
     with exported_attention(attention):
         program = trace(model, signature, example, dynamic)
     torch.export.save(program, out / PROGRAM)
+    say(f"{out / PROGRAM} written in {time.perf_counter() - start:.1f} s")
     files, inductor, failed = [PROGRAM], None, None
     if aoti:  # in a child process (`freescale.serving.aoti`): a crash there is one paragraph
+        say("compiling the AOTInductor package in a child process (minutes)")
+        start = time.perf_counter()
         try:
             inductor = compile_package(out / PROGRAM, out / PACKAGE)
             files.append(PACKAGE)
         except CompileError as e:
             failed = str(e)
+        done = "failed" if failed else f"{out / PACKAGE} written"
+        say(f"{done} in {time.perf_counter() - start:.1f} s")
     record = {
         "format": FORMAT,
         "freescale": freescale.__version__,

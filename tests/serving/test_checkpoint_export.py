@@ -45,7 +45,11 @@ def test_a_2_rank_checkpoint_exports_in_a_process_without_a_process_group(
     ck, state = trained
     assert main(["export", str(ck), str(tmp_path / "out")]) == 0
     assert not dist.is_initialized()
-    line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    printed = capsys.readouterr()
+    line = json.loads(printed.out.strip().splitlines()[-1])
+    # progress on stderr: the trace (minutes at long sequences) says when it starts and ends
+    said = printed.err.splitlines()
+    assert said[0].startswith("freescale export: tracing") and "model.pt2 written in" in said[1]
     manifest = read_manifest(tmp_path / "out")
     assert line["checkpoint_sha256"] == manifest["source"]["manifest_sha256"]
     assert manifest["source"]["world_size"] == 2
