@@ -26,7 +26,11 @@ OPTION_SECTIONS = ("data", "model")  # their other keys are factory options
 _SAME_NAME = {
     # newer than the flat keys: peak_tflops, epochs
     "run": [f.name for f in fields(RunSection) if f.name not in ("peak_tflops", "epochs")],
-    "data": [f.name for f in fields(DataSection) if f.name not in ("source", "options")],
+    "data": [
+        f.name
+        for f in fields(DataSection)
+        if f.name not in ("source", "options", "train_negatives")
+    ],
     "embeddings": [],
     "pipeline": [f.name for f in fields(PipelineSection)],
     "faults": [f.name for f in fields(FaultsSection) if not f.name.startswith("nan_")],

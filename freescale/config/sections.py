@@ -102,6 +102,7 @@ class DataSection:
     target_stride: int = 1
     shuffle: bool = True
     eval_negatives: int = 100
+    train_negatives: int = 4  # file data: uniform random negatives per training target
     options: dict[str, Any] = field(default_factory=dict)  # data.KEY=VALUE of a factory
 
     def __post_init__(self) -> None:
@@ -114,6 +115,7 @@ class DataSection:
                 f"data.loader_workers must be -1 (auto) or >= 0, got {self.loader_workers}"
             )
         _at_least(self, "data", ("length_cap",), 1)
+        _at_least(self, "data", ("train_negatives",), 0)
         for name in ("length_median", "length_sigma", "zipf_alpha", "step_overlap"):
             if not math.isfinite(getattr(self, name)):
                 raise ValueError(f"data.{name} must be a finite number, got {getattr(self, name)}")
@@ -139,7 +141,7 @@ class DataSection:
         sampling = SequenceSampling(
             max_uih=self.max_uih, samples_per_user=self.samples_per_user,
             stride=self.target_stride, shuffle=self.shuffle,
-            eval_negatives=self.eval_negatives, seed=seed,
+            eval_negatives=self.eval_negatives, num_negatives=self.train_negatives, seed=seed,
         )  # fmt: skip
         return synthetic, sampling
 

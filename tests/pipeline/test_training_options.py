@@ -112,6 +112,22 @@ def test_epochs_set_the_steps_from_the_file(tmp_path):
         resolve_epochs(build_config("demo", ["run.epochs=2"]), make_source(build_config()), 2)
 
 
+def test_train_negatives_set_the_training_candidates(tmp_path):
+    path = tmp_path / "s.txt"
+    path.write_text("".join(f"{u} {i}\n" for u in range(12) for i in range(u % 5 + 4)))
+    for extra, count in (
+        ([], 5),
+        (["data.train_negatives=16"], 17),
+        (["data.train_negatives=0"], 1),
+    ):
+        cfg = build_config("demo", [f"data=sasrec:{path}", "run.batch_size=6", *extra])
+        batch = make_source(cfg).batch(0, 0, 1, 6)
+        assert batch.candidates.lengths().tolist() == [count] * 6
+        assert batch.labels.sum().item() == 6  # one positive each, whatever the negatives
+    with pytest.raises(ValueError, match=r"data\.train_negatives must be >= 0"):
+        build_config("demo", ["data.train_negatives=-1"])
+
+
 def _file_run(path: str) -> dict:
     over = [f"data=sasrec:{path}", "run.steps=8", "run.warmup=1", "run.batch_size=8",
             "data.samples_per_user=0", "evaluation.every=2", "evaluation.keep_best=ndcg@10",
