@@ -29,6 +29,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--aoti", action="store_true", help="also compile an AOTInductor package")
     p.add_argument(
+        "--weights",
+        choices=("auto", "best", "latest"),
+        default="auto",
+        help="auto (default): the best evaluation's weights where the run kept them "
+        "(evaluation.keep_best), else the latest; best; latest",
+    )
+    p.add_argument(
         "--attention",
         choices=("jagged", "padded"),
         default="jagged",
@@ -51,7 +58,7 @@ def run_export(args: argparse.Namespace) -> int:
             raise ValueError("--device cuda but no CUDA device is visible")
     out = export(args.checkpoint, args.out, model=args.model, data=args.data,
                  device=args.device, dynamic=args.dynamic, aoti=args.aoti,
-                 attention=args.attention, say=_say)  # fmt: skip
+                 attention=args.attention, weights=args.weights, say=_say)  # fmt: skip
     manifest = read_manifest(out)
     record = {"command": "export", "out": str(out), "files": sorted(manifest["files"]),
               "checkpoint_sha256": manifest["source"]["manifest_sha256"]}  # fmt: skip

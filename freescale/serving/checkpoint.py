@@ -5,7 +5,10 @@ contiguous row chunks (``tables/``, torch DCP), written by any number of
 ranks. Here one process without a process group reads every chunk of every
 table into one full tensor (DCP reshards to a single reader as it does to W'
 ranks) under the key the *plain* model's ``state_dict`` has, beside the dense
-weights: the model the run's factory builds loads it as it is.
+weights: the model the run's factory builds loads it as it is. A run with
+``evaluation.keep_best`` also checkpointed its best evaluation's weights
+(``best/`` and ``trainer.pt``'s ``best``): `chosen_weights` picks them or
+the latest.
 
 Nothing is used before the checkpoint passes the checks ``--resume`` runs
 (`freescale.state.checkpoint_files.read_checked`: sizes, SHA-256 of every
@@ -27,7 +30,7 @@ from freescale.data.source import BUILTIN_KINDS
 from freescale.embedding.state.dcp_safe import SafeReader, read_metadata
 from freescale.models.contract import load_object
 from freescale.state.checkpoint import find_checkpoint, read_manifest
-from freescale.state.checkpoint_files import MANIFEST, TABLES, read_checked, sha256_file
+from freescale.state.checkpoint_files import BEST, MANIFEST, TABLES, read_checked, sha256_file
 
 # Factories a checkpoint may name: code FreeScale ships. Any other must be
 # named by the caller (a checkpoint never decides what code runs).
@@ -98,10 +101,33 @@ def table_keys(model: nn.Module) -> dict[str, str]:
     return keys
 
 
-def plain_state(checkpoint: Path, trainer: dict[str, Any], model: nn.Module) -> dict[str, Tensor]:
-    """The plain model's full state dict: dense weights and gathered tables."""
+WEIGHTS = ("auto", "best", "latest")
+
+
+def chosen_weights(checkpoint: Path, trainer: dict[str, Any], weights: str) -> str:
+    """``best`` or ``latest``: which weights of ``checkpoint`` ``weights`` asks for.
+    ``auto``: the best evaluation's where the run kept one (``evaluation.keep_best``,
+    as its own final evaluation used them), else the latest."""
+    if weights not in WEIGHTS:
+        raise ValueError(f"export: weights must be one of {', '.join(WEIGHTS)}, got {weights!r}")
+    has_best = "value" in trainer.get("best", {}) and (checkpoint / BEST).is_dir()
+    if weights == "best" and not has_best:
+        raise ValueError(
+            f"export: {checkpoint} holds no best evaluation (a run with evaluation.keep_best "
+            "writes one after its first evaluation): export the latest weights"
+        )
+    return "best" if weights == "best" or (weights == "auto" and has_best) else "latest"
+
+
+def plain_state(
+    checkpoint: Path, trainer: dict[str, Any], model: nn.Module, weights: str = "latest"
+) -> dict[str, Tensor]:
+    """The plain model's full state dict: dense weights and gathered tables, the
+    latest or (``weights="best"``) the best evaluation's (`chosen_weights`)."""
     keys = table_keys(model)
-    saved = read_metadata(checkpoint / TABLES).state_dict_metadata
+    best = weights == "best"
+    rows = checkpoint / (BEST if best else TABLES)
+    saved = read_metadata(rows).state_dict_metadata
     missing = sorted(set(keys) - set(saved))
     if missing:
         raise ValueError(f"export: {checkpoint} holds no table {', '.join(missing)}")
@@ -111,7 +137,6 @@ def plain_state(checkpoint: Path, trainer: dict[str, Any], model: nn.Module) -> 
         tables[entry] = torch.empty(meta.size, dtype=meta.properties.dtype)
     with warnings.catch_warnings():  # "no process group: loading in one process", as meant
         warnings.simplefilter("ignore", UserWarning)
-        torch.distributed.checkpoint.load(
-            tables, storage_reader=SafeReader(checkpoint / TABLES), no_dist=True
-        )
-    return {**trainer["model"], **{keys[k]: t for k, t in tables.items()}}
+        torch.distributed.checkpoint.load(tables, storage_reader=SafeReader(rows), no_dist=True)
+    dense = trainer["best"]["dense"] if best else trainer["model"]
+    return {**dense, **{keys[k]: t for k, t in tables.items()}}

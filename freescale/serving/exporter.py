@@ -35,7 +35,7 @@ import contextlib
 import json
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,7 @@ from freescale.config import TrainConfig
 from freescale.data.source import schema_of
 from freescale.jagged.batch import SampleBatch
 from freescale.jagged.schema import DataSchema
+from freescale.jagged.tensor import JaggedFeatures
 from freescale.models.attention_op import exported_attention
 from freescale.models.contract import check_model
 from freescale.pipeline.setup import make_source
@@ -82,6 +83,7 @@ def export(
     dynamic: bool = True,
     aoti: bool = False,
     attention: str = "jagged",
+    weights: str = "auto",
     say: Callable[[str], None] | None = None,
 ) -> Path:
     """Export the checkpoint's model into the directory ``out``; returns it.
@@ -91,7 +93,9 @@ def export(
     options). Both default to what the checkpoint's config names when that is
     FreeScale's own code; other code is imported only when the caller names
     it (a checkpoint never chooses the code that runs). ``dynamic=False``: a
-    program for the example batch's shapes only. ``say``: progress lines
+    program for the example batch's shapes only. ``weights``: ``auto`` (the
+    best evaluation's where the run kept one, else the latest), ``best`` or
+    ``latest`` (`freescale.serving.checkpoint.chosen_weights`). ``say``: progress lines
     (the trace and the compile take minutes at long sequences).
     """
     found, manifest, trainer = ck.checked(checkpoint)
@@ -100,14 +104,20 @@ def export(
     source = _source(config, data)
     schema = schema_of(source)
     plain = _build(factory, schema, config.model.options)
-    plain.load_state_dict(ck.plain_state(found, trainer, plain))
+    chosen = ck.chosen_weights(found, trainer, weights)
+    plain.load_state_dict(ck.plain_state(found, trainer, plain, chosen))
     example = example_batch(source, config.run.batch_size)
     source_record = {
         "checkpoint": str(found),
         "manifest_sha256": ck.manifest_sha256(found),
         "step": manifest["step"],
         "world_size": manifest["world_size"],
+        "weights": chosen,
     }
+    if chosen == "best":
+        best = trainer["best"]  # its step as the run's summary counts it (steps done)
+        source_record["best"] = {"metric": best["metric"], "value": best["value"],
+                                 "step": best["step"] + 1}  # fmt: skip
     options = {k: manifest["config"].get(k) for k in ("model", "data")}
     extra = {"source": source_record, "config": options}
     return export_model(plain, example, out, schema=schema, device=device, dynamic=dynamic,
@@ -204,8 +214,26 @@ def example_batch(source: Any, batch_size: int) -> SampleBatch:
             return batch
         step += 1
         if step == 4:
-            few = ", ".join(f"{k} ({v})" for k, v in sizes.items() if v < 2)
-            raise ValueError(f"export: the data's first batches have too few {few} to trace on")
+            few = {k for k, v in sizes.items() if v < 2}
+            if few == {"content items"} and batch.num_candidates_total >= 2:
+                return _with_content(batch)
+            named = ", ".join(f"{k} ({sizes[k]})" for k in sorted(few))
+            raise ValueError(f"export: the data's first batches have too few {named} to trace on")
+
+
+def _with_content(batch: SampleBatch) -> SampleBatch:
+    """``batch`` with one content item (id 0 of each content feature) for each of
+    its first two candidates: data without content (a SASRec file) still traces a
+    program dynamic in them, which then serves its batches with none."""
+    n = batch.num_candidates_total
+    lengths = torch.zeros(n, dtype=torch.int64, device=batch.content.offsets.device)
+    lengths[:2] = 1
+    offsets = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
+    features = {
+        name: values.new_zeros((2, *values.shape[1:]))
+        for name, values in batch.content.features.items()
+    }
+    return replace(batch, content=JaggedFeatures(offsets, features))
 
 
 def _dynamic_sizes(batch: SampleBatch) -> dict[str, int]:

@@ -24,7 +24,12 @@ import torch
 
 from freescale.cli.main import main
 from freescale.config import build_config
+from freescale.data.source import schema_of
+from freescale.pipeline.setup import build_model, make_source
 from freescale.pipeline.train import Trainer
+from freescale.serving import load
+from freescale.serving.checkpoint import table_keys
+from freescale.serving.loader import read_manifest
 from freescale.state.checkpoint import PREFIX
 from freescale.testing import run_ranks
 
@@ -212,3 +217,36 @@ def test_a_damaged_or_missing_best_file_is_refused(runs, tmp_path, capsys):
     manifest["files"] = {k: v for k, v in manifest["files"].items() if k not in names}
     (ck / "manifest.json").write_text(json.dumps(manifest))
     assert f"checkpoint {ck}: its manifest lists no best/.metadata" in _cli(capsys, data, ck)
+
+
+def test_export_serves_the_best_weights_by_default(runs, tmp_path, capsys):
+    """The newest checkpoint (after step 10) holds the best of step 6 beside the
+    latest weights: ``freescale export`` serves the best (what the run's own
+    final evaluation used), ``--weights latest`` the latest."""
+    data, full_dir, (full, _, _) = runs
+    ck = full_dir / f"{PREFIX}{AT:08d}"
+    for weights in ("auto", "latest"):
+        assert main(["export", str(ck), str(tmp_path / weights), "--weights", weights]) == 0
+    manifest = read_manifest(tmp_path / "auto")["source"]
+    assert manifest["weights"] == "best" and manifest["best"]["step"] == 6
+    assert read_manifest(tmp_path / "latest")["source"]["weights"] == "latest"
+    cfg = _cfg(data, STEPS)
+    source = make_source(cfg)
+    plain = build_model(cfg.model, schema_of(source)).eval()
+    state = {**full["dense"], **{key: full["tables"][e.split(".")[0]] for e, key in
+                                 table_keys(plain).items()}}  # fmt: skip
+    plain.load_state_dict(state)  # the full run's final weights: its best
+    batch = source.eval_batch("test", 0, 0, 1, 8)
+    with torch.no_grad():
+        expected = plain(batch)
+    assert torch.equal(load(tmp_path / "auto")(batch), expected)
+    assert not torch.equal(load(tmp_path / "latest")(batch), expected)
+    plain_dir = tmp_path / "plain"  # a run without keep_best: no best to export
+    run_ranks(_plain_rank, 1, data, str(plain_dir))
+    capsys.readouterr()
+    assert main(["export", str(plain_dir), str(tmp_path / "b"), "--weights", "best"]) == 2
+    assert "holds no best evaluation" in capsys.readouterr().err
+
+
+def _plain_rank(data: str, ckdir: str) -> None:
+    _run(_cfg(data, 2, f"checkpoint.dir={ckdir}", "checkpoint.every=2", best=False))
