@@ -12,12 +12,14 @@ their torch twins, so a CPU run exercises the tier's whole schedule.
 **Prefetch (staging).** A mode that knows the next step's shard-major slots
 early (`SparseDataDist`, at ``prefetch_ids``) calls `HostTier.stage`: the
 rows are gathered on a side stream into a step-sized device buffer while the
-current step computes. The current step's update may still change some of
-them; every update therefore calls `HostTier.refresh`, which re-reads, behind
-the update, exactly the staged rows it wrote (a mask: no host read). The
-invariant: *a staged buffer always equals a fresh gather of its slots*. It is
-kept by the tier's own writes (updates refresh it, loads drop it), so it
-holds whatever the schedule. The lookup of the staged slots takes the buffer.
+current step computes, except those the current step read: its update (still
+to come) will write them, so they are deferred (`Staged.pending`). Every
+update calls `HostTier.refresh`, which reads, behind the update, the deferred
+rows and the staged rows it wrote (a mask: no host read), so each row crosses
+PCIe once per step, as in `sync`. The invariant: *a staged buffer, when its
+lookup takes it, equals a fresh gather of its slots*. It is kept by the
+tier's own writes (updates refresh it, loads drop it, a lookup with rows
+still deferred reads them first), so it holds whatever the schedule.
 In `Prioritized` mode nothing is staged: its prefetch already looks the next
 step's rows up ahead, and only the collision rows are read after the update,
 as for device tables.
@@ -55,6 +57,8 @@ class Staged:
     slots: Tensor  # the shard-major slots the lookup will pass (the same tensor)
     rows: Tensor  # [len(slots), dim] on the device
     ready: Any = None  # CUDA event after the gather (and any refresh); None on CPU
+    # rows not gathered yet (bool per slot): an earlier lookup's update will write them
+    pending: Tensor | None = None
 
 
 class HostTier:
@@ -67,6 +71,8 @@ class HostTier:
         self.device = device
         self.row_bytes = row_bytes
         self.staged: Staged | None = None
+        # the slots of the last lookup, until an update writes them (`stage` defers them)
+        self._unwritten: Tensor | None = None
         self._bytes = 0  # known on the host: gathers
         self._device_bytes: Tensor | None = None  # refreshes and updates (device counts)
 
@@ -75,34 +81,54 @@ class HostTier:
         """``weight[slots]`` on the device: the staged buffer when it holds them."""
         staged = self.staged
         if staged is not None and staged.slots is slots:
-            self.staged = None
+            if staged.pending is not None:  # no update came: read the deferred rows now
+                self.refresh(weight, slots[:0])
+            self.staged, self._unwritten = None, slots
             if staged.ready is not None:
                 torch.cuda.current_stream(self.device).wait_event(staged.ready)
                 staged.rows.record_stream(torch.cuda.current_stream(self.device))
             return staged.rows
         self._bytes += slots.shape[0] * weight.shape[1] * weight.element_size()
+        self._unwritten = slots
         return gather_host_rows(weight, slots, self.device)
 
     def stage(self, weight: Tensor, slots: Tensor) -> None:
-        """Start gathering ``weight[slots]`` for the next lookup, off the compute stream."""
-        self._bytes += slots.shape[0] * weight.shape[1] * weight.element_size()
+        """Start gathering ``weight[slots]`` for the next lookup, off the compute stream.
+
+        Rows the last lookup read are deferred: its update (still to come) will
+        write them, and `refresh` reads them after it; reading them now too
+        would move them twice."""
+        pending = torch.isin(slots, self._unwritten) if self._unwritten is not None else None
         # After the compute stream's work so far (the slots'); at sdd's
         # ``prefetch_ids`` that is the current forward: the gather overlaps backward.
         with self._side() as side:
             if side is not None:  # made on the compute stream, read here
                 slots.record_stream(side)
-            rows = gather_host_rows(weight, slots, self.device)
+            if pending is None:
+                self._bytes += slots.shape[0] * weight.shape[1] * weight.element_size()
+                rows = gather_host_rows(weight, slots, self.device)
+            else:
+                if side is not None:
+                    pending.record_stream(side)
+                rows = torch.empty((slots.shape[0], weight.shape[1]), dtype=weight.dtype,
+                                   device=self.device)  # fmt: skip
+                ahead = ~pending
+                self._count(ahead.sum() * (weight.shape[1] * weight.element_size()))
+                refresh_host_rows(weight, slots, ahead, rows)
             ready = record_event() if side is not None else None
-        self.staged = Staged(slots, rows, ready)
+        self.staged = Staged(slots, rows, ready, pending)
 
     def refresh(self, weight: Tensor, written: Tensor, after: Any = None) -> None:
         """The slots ``written`` changed on the host (by an update queued on the
         current stream, or before the event ``after``): re-read, behind it,
         those of them the staged buffer holds."""
+        self._unwritten = None
         staged = self.staged
         if staged is None:
             return
         mask = torch.isin(staged.slots, written)
+        if staged.pending is not None:  # and the rows deferred for this update
+            mask, staged.pending = mask | staged.pending, None
         self._count(mask.sum() * (weight.shape[1] * weight.element_size()))
         with self._side() as side:
             if side is not None and after is not None:
@@ -113,7 +139,7 @@ class HostTier:
 
     def drop(self) -> None:
         """Forget the staged buffer (the host rows were overwritten wholesale)."""
-        self.staged = None
+        self.staged, self._unwritten = None, None
 
     # ---- writes --------------------------------------------------------------
     def count_update(self, slots: Tensor) -> None:

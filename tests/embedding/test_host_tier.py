@@ -123,11 +123,32 @@ def test_a_staged_buffer_stays_equal_to_a_fresh_gather_through_updates():
     tier.refresh(host, torch.tensor([5, 3, 3]))
     assert torch.equal(tier.gather(host, slots), host[slots])
     assert tier.staged is None  # taken by its lookup
+    assert int(tier.take_bytes()) == 16 * (4 + 2)  # the gather, the refreshed rows
+    tier.drop()  # (forgets the last lookup too: nothing deferred below)
     tier.stage(host, slots)
     host[1] = -1.0
     assert not torch.equal(tier.gather(host, slots), host[slots])  # written, not refreshed
-    moved = int(tier.take_bytes())
-    assert moved == 16 * (4 + 2 + 4) and int(tier.take_bytes()) == 0  # gathers + refreshed rows
+
+
+def test_rows_the_last_lookup_read_are_deferred_to_its_update():
+    """sdd stages step i+1 before step i's update: rows step i read cross PCIe
+    once, after that update, not once ahead and again behind it."""
+    host = torch.arange(40.0).reshape(10, 4)
+    tier = HostTier(torch.device("cpu"), row_bytes=16)
+    now, nxt = torch.tensor([3, 1, 3, 7]), torch.tensor([1, 2, 7, 9, 2])
+    tier.gather(host, now)  # step i's lookup
+    tier.take_bytes()
+    tier.stage(host, nxt)  # step i+1's rows: 2, 9, 2 now; 1 and 7 after the update
+    assert tier.staged is not None and tier.staged.pending.tolist() == [1, 0, 1, 0, 0]
+    assert int(tier.take_bytes()) == 16 * 3
+    host[now] += 100.0  # step i's update...
+    tier.refresh(host, now)  # ...reads the deferred rows behind it
+    assert int(tier.take_bytes()) == 16 * 2
+    assert torch.equal(tier.gather(host, nxt), host[nxt])
+    tier.stage(host, now)  # step i+2's rows, no update before its lookup (an evaluation)
+    assert tier.staged.pending.tolist() == [0, 1, 0, 1]  # rows 1, 7: step i+1 read them
+    host[1] = -5.0  # read at the lookup (nothing refreshed them): it sees this
+    assert torch.equal(tier.gather(host, now), host[now]) and tier.staged is None
 
 
 def test_host_row_twins_move_rows_exactly():

@@ -10,6 +10,8 @@ contract (every mode x optimizer, W = 1, 2, 4) is tests/embedding/test_host_tier
 
 import pytest
 
+import freescale
+from freescale.config import build_config
 from freescale.testing import run_ranks
 from tests.pipeline.test_train import _train_and_collect, assert_same_run
 
@@ -67,3 +69,15 @@ def test_a_bad_placement_or_too_little_host_memory_is_one_line_at_start(capsys, 
     rc = main(["train", *(x for s in sets for x in ("--set", s))])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and line in err[0], err
+
+
+def test_sdd_staging_moves_each_row_once_per_step_as_sync_does():
+    """Staged ahead of the current step's update, the rows that step read are
+    deferred until the update has written them: sdd moves no more bytes than
+    sync (it moved 1.34x as many when it read them ahead and again after)."""
+    moved = {}
+    for mode in ("sync", "sdd"):
+        over = [*COMMON, f"run.mode={mode}", "run.steps=12", "evaluation.every=0", HOST,
+                "data.step_overlap=1.0", "output.progress=false"]  # fmt: skip
+        moved[mode] = freescale.train(config=build_config("demo", over)).summary["host_tier_bytes"]
+    assert 0 < moved["sdd"] <= moved["sync"]
