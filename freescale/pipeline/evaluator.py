@@ -10,6 +10,7 @@ the validation and test splits with the popularity baseline.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -42,8 +43,12 @@ class Evaluator:
         world: int,
         batch_size: int,
         device: torch.device,
+        samples_before: Callable[[int], int] | None = None,
     ) -> None:
+        """``samples_before(step)``: training samples consumed before ``step``, all
+        ranks, resumed segments at other world sizes included (the best's epoch)."""
         self.section, self.model, self.source = section, model, source
+        self.samples_before = samples_before
         self.embeddings, self.schedule = embeddings, schedule
         self.rank, self.world, self.batch_size, self.device = rank, world, batch_size, device
         self.best: BestWeights | None = None
@@ -120,11 +125,19 @@ class Evaluator:
         with self.embeddings.prefetch_disabled():
             out: dict[str, Any] = {split: self._split(split) for split in ("valid", "test")}
         if self.best is not None:
-            out["best"] = self.best.report(self.source.steps_per_epoch(self.world, self.batch_size))
+            out["best"] = self.best.report(self._epoch(self.best.step + 1))
         if self.rank == 0:
             out["popularity_test"] = popularity_baseline(self.source, "test")
             out["data"] = self.source.split_counts()
         return out
+
+    def _epoch(self, steps: int) -> float | None:
+        """Passes over the training samples in the run's first ``steps`` steps."""
+        total = self.source.split_counts()["train_samples"]
+        if self.samples_before is not None and total:
+            return self.samples_before(steps) / total
+        per = self.source.steps_per_epoch(self.world, self.batch_size)
+        return steps / per if per else None
 
     def _split(self, split: str, max_steps: int | None = None) -> dict[str, Any]:
         return evaluate_split(

@@ -89,7 +89,7 @@ class Trainer:
         self.inputs = InputAgreement(group, self.rank, self.world, Limits.of(self.schema))
         self.evaluator = Evaluator(
             cfg.evaluation, self.model, self.source, self.embeddings, self.schedule,
-            self.rank, self.world, run.batch_size, device,
+            self.rank, self.world, run.batch_size, device, lambda s: self.state.samples_before(s),
         )  # fmt: skip
         replicated = {"model": DenseState(self.model, self.embeddings), "optimizer": self.optimizer}
         self.state = RunState(

@@ -65,11 +65,12 @@ class BestWeights:
         for store, saved in zip(self.stores, self._tables, strict=True):
             self._weight(store).copy_(saved)
 
-    def report(self, steps_per_epoch: int | None) -> dict[str, Any]:
+    def report(self, epoch: float | None) -> dict[str, Any]:
+        """``epoch``: the best's, in passes over the training samples (the caller knows them)."""
         out: dict[str, Any] = {"metric": self.metric, "value": self.value, "step": self.step + 1,
                                "stopped_early": self.stop}  # fmt: skip
-        if steps_per_epoch:
-            out["epoch"] = (self.step + 1) / steps_per_epoch
+        if epoch is not None:
+            out["epoch"] = epoch
         return out
 
     def state_dict(self) -> dict[str, Any]:

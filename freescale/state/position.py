@@ -68,8 +68,14 @@ class DataPosition:
         return add_segment(self.history(), self.step, world_size)
 
     def samples_at(self, step: int, world_size: int, batch_size: int) -> int:
-        """Samples consumed before ``step`` of a run of ``world_size`` ranks from here."""
-        return self.samples + (step - self.step) * world_size * batch_size
+        """Samples consumed before ``step`` of a run of ``world_size`` ranks from
+        here; before here, by the segments' own world sizes."""
+        if step >= self.step:
+            return self.samples + (step - self.step) * world_size * batch_size
+        segments = self.history()
+        ends = [first for first, _ in segments[1:]] + [self.step]
+        return sum(max(0, min(step, end) - first) * world * batch_size
+                   for (first, world), end in zip(segments, ends, strict=True))  # fmt: skip
 
 
 def add_segment(segments: Segments, step: int, world_size: int) -> Segments:

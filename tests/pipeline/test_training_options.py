@@ -176,7 +176,7 @@ def test_keep_best_restores_the_best_weights_and_stops_after_patience():
     best.restore()
     assert store.weight.tolist() == [1.0] * 3 and dense.state["w"].tolist() == [1.0] * 2
     report = {"metric": "ndcg@10", "value": 0.3, "step": 20, "epoch": 1.0, "stopped_early": True}
-    assert best.report(20) == report
+    assert best.report(1.0) == report
     # What a checkpoint holds (the rows: `tables`, tests/state/test_best_resume.py)
     saved, dense = best.state_dict(), _Dense()
     again = BestWeights(EvaluationSection(keep_best="ndcg@10", patience=2), dense,

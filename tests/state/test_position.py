@@ -72,3 +72,9 @@ def test_older_and_malformed_segments(tmp_path):
     for segments in bad:
         with pytest.raises(ValueError, match=r"malformed .*segments"):
             check_manifest({**manifest, "segments": segments}, where)
+
+
+def test_samples_before_a_step_follow_each_segments_world_size():
+    # 4 steps at 1 rank, then 6 at 2 ranks (batch 8): 32 + 96 samples before step 10
+    pos = DataPosition(step=10, samples=128, world_size=2, segments=((0, 1), (4, 2)))
+    assert [pos.samples_at(s, 3, 8) for s in (0, 2, 4, 6, 10, 12)] == [0, 16, 32, 64, 128, 176]
