@@ -23,7 +23,8 @@ supplies the defaults:
   minimize, a *sum* over this rank's candidates divided by ``normalizer``
   (the step's global candidate count, so moving samples between ranks never
   changes the math), and that sum detached (for the logged loss). Default:
-  binary cross-entropy;
+  binary cross-entropy, or with ``objective = "softmax"`` (`RecModel`) a
+  sampled softmax over each sample's candidates (`loss.softmax_loss_and_sum`);
 - optional ``flops(batch) -> float``: FLOPs of a training step on ``batch``
   (forward + backward), for the step metrics' TFLOP/s and MFU. The trainer
   counts it on the host (loader workers; for balanced batches, a batch of the
@@ -57,7 +58,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from freescale.jagged.batch import SampleBatch
-from freescale.models.loss import bce_loss_and_sum
+from freescale.models.loss import bce_loss_and_sum, softmax_loss_and_sum
 
 
 class RecModel(nn.Module):
@@ -66,13 +67,18 @@ class RecModel(nn.Module):
     sharded_modules: tuple[str, ...] = ()
     block_stack: str | None = None  # path of a BlockStack submodule (optional)
     compile_regions: tuple[str, ...] = ()  # submodules `dense.compile` compiles (optional)
+    objective: str = "bce"  # the default loss: bce | softmax (`OBJECTIVES`)
 
     def embedding_inputs(self, batch: SampleBatch) -> dict[str, Any]:
         """``{module path: the input forward passes it}`` for every sharded module."""
         raise NotImplementedError(f"{type(self).__name__} must define embedding_inputs(batch)")
 
     def loss(self, logits: Tensor, batch: SampleBatch, normalizer: Any) -> tuple[Tensor, Tensor]:
-        """(Σ loss over candidates / ``normalizer``, the detached sum); BCE."""
+        """(Σ loss over candidates / ``normalizer``, the detached sum): ``objective``'s."""
+        if self.objective == "softmax":
+            max_candidates = batch.max_lengths[1] if batch.max_lengths else None
+            offsets = batch.candidates.offsets
+            return softmax_loss_and_sum(logits, batch.labels, offsets, normalizer, max_candidates)
         return bce_loss_and_sum(logits, batch.labels, normalizer)
 
     def flops(self, batch: SampleBatch) -> float | None:
@@ -81,9 +87,17 @@ class RecModel(nn.Module):
 
 
 def has_default_loss(model: nn.Module) -> bool:
-    """Whether ``model``'s loss is the contract's default (binary cross-entropy)."""
+    """Whether ``model``'s loss is binary cross-entropy, the contract's default."""
     loss = getattr(type(model), "loss", None)
-    return loss is None or loss is RecModel.loss
+    return loss is None or (loss is RecModel.loss and getattr(model, "objective", "bce") == "bce")
+
+
+OBJECTIVES = ("bce", "softmax")
+
+
+def check_objective(objective: str) -> None:
+    if objective not in OBJECTIVES:
+        raise ValueError(f"model loss must be one of {', '.join(OBJECTIVES)}; got {objective!r}")
 
 
 def load_object(spec: str, what: str) -> Callable[..., Any]:

@@ -45,7 +45,7 @@ from freescale.jagged.batch import (
 from freescale.jagged.ops import segment_ids
 from freescale.jagged.schema import DataSchema
 from freescale.models import hstu_attention as hattn
-from freescale.models.contract import RecModel
+from freescale.models.contract import RecModel, check_objective
 from freescale.models.dropout import RowDropout, SampleDropout, check_rate
 from freescale.models.pooling import mean_content
 from freescale.models.small_embedding import SmallEmbedding
@@ -68,10 +68,14 @@ class HSTUConfig:
     emb_dropout: float = 0.0
     attn_dropout: float = 0.0
     ffn_dropout: float = 0.0
+    # the training loss (`RecModel.loss`): bce per candidate, or softmax over
+    # each sample's candidates (one positive against its sampled negatives)
+    loss: str = "bce"
 
     def __post_init__(self) -> None:
         for name in ("emb_dropout", "attn_dropout", "ffn_dropout"):
             check_rate(name, getattr(self, name))
+        check_objective(self.loss)
         for name in ("num_items", "num_actions", "dim", "heads", "layers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"hstu {name} must be >= 1, got {getattr(self, name)}")
@@ -137,6 +141,7 @@ class HSTUModel(RecModel):
         nn.init.normal_(self.item_emb.weight, std=0.05)
         nn.init.normal_(self.action_emb.weight, std=0.05)
         self.sample_dropout = SampleDropout(cfg.emb_dropout, cfg.attn_dropout, cfg.ffn_dropout)
+        self.objective = cfg.loss
 
     def embedding_inputs(self, batch: SampleBatch) -> dict[str, Tensor]:
         """One lookup per step: history, candidate and content ids, concatenated."""
@@ -213,6 +218,7 @@ def build(
     emb_dropout: float = 0.0,
     attn_dropout: float = 0.0,
     ffn_dropout: float = 0.0,
+    loss: str = "bce",
 ) -> HSTUModel:
     """The model factory (`freescale.models.contract`): tables sized by the data.
 
@@ -229,5 +235,6 @@ def build(
             emb_dropout=emb_dropout,
             attn_dropout=attn_dropout,
             ffn_dropout=ffn_dropout,
+            loss=loss,
         )
     )

@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from freescale.jagged.ops import segment_ids
+
 
 def bce_loss(logits: Tensor, labels: Tensor, global_count: int | Tensor) -> Tensor:
     """Σ BCE over this rank's candidates / global candidate count."""
@@ -26,6 +28,38 @@ def bce_loss_and_sum(
 ) -> tuple[Tensor, Tensor]:
     """`bce_loss` and, detached, the Σ BCE it divides (the metrics' sum: one kernel for both)."""
     total = F.binary_cross_entropy_with_logits(logits.float(), labels.float(), reduction="sum")
+    return total / global_count, total.detach()
+
+
+def softmax_loss_and_sum(
+    logits: Tensor,
+    labels: Tensor,
+    offsets: Tensor,
+    global_count: int | Tensor,
+    max_candidates: int | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Sampled softmax over each sample's candidates: Σ_c label_c · (logsumexp of
+    its sample's logits − logit_c), / global candidate count, and that sum detached.
+
+    Listwise where BCE is pointwise: each positive competes with its own
+    sample's negatives (SASRec's data: one positive, sampled negatives), the
+    loss that lifts SASRec's ranking over BCE (Klenitskiy & Vasilev 2023).
+    Per sample, so moving samples between ranks never changes it. The
+    samples are padded to ``[B, max_candidates]`` (no atomics: deterministic
+    on CUDA too); ``max_candidates`` is read back when not given.
+    """
+    lengths = offsets[1:] - offsets[:-1]
+    n = logits.shape[0]
+    if max_candidates is None:
+        max_candidates = int(lengths.max()) if lengths.numel() else 0
+    sample = segment_ids(offsets, n)
+    column = torch.arange(n, device=logits.device) - offsets[sample]
+    x = logits.float()
+    # finite padding: an empty sample's row stays finite in the backward as well
+    padded = x.new_full((lengths.numel(), max(max_candidates, 1)), torch.finfo(x.dtype).min)
+    padded = padded.index_put((sample, column), x)
+    per_candidate = padded.logsumexp(dim=1)[sample] - x
+    total = (labels.float() * per_candidate).sum()
     return total / global_count, total.detach()
 
 

@@ -56,6 +56,7 @@ class SequenceModel(RecModel):
         nn.init.normal_(self.item_emb.weight, std=0.05)
         nn.init.normal_(self.action_emb.weight, std=0.05)
         self.sample_dropout = SampleDropout(cfg.emb_dropout, cfg.attn_dropout, cfg.ffn_dropout)
+        self.objective = cfg.loss
 
     def forward(self, batch: SampleBatch) -> Tensor:
         """``batch.max_lengths`` (host ints), when known, spare the GPU path a read-back."""
@@ -146,11 +147,12 @@ def build(
     emb_dropout: float = 0.0,
     attn_dropout: float = 0.0,
     ffn_dropout: float = 0.0,
+    loss: str = "bce",
 ) -> SequenceModel:
     """The model factory (`freescale.models.contract`): tables sized by the data."""
     options = dict(
         dim=dim, heads=heads, layers=layers, attention=attention, cross_attention=cross_attention,
-        emb_dropout=emb_dropout, attn_dropout=attn_dropout, ffn_dropout=ffn_dropout,
+        emb_dropout=emb_dropout, attn_dropout=attn_dropout, ffn_dropout=ffn_dropout, loss=loss,
     )  # fmt: skip
     return SequenceModel(_config(schema.num_items, schema.num_actions, schema.dense_dim, **options))
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from freescale.kernels.attention.cross import HEAD_DIMS
 from freescale.models.attention import CROSS_IMPLS, IMPLS
+from freescale.models.contract import check_objective
 from freescale.models.dropout import check_rate
 
 
@@ -35,10 +36,14 @@ class ModelConfig:
     emb_dropout: float = 0.0
     attn_dropout: float = 0.0
     ffn_dropout: float = 0.0
+    # the training loss (`RecModel.loss`): bce per candidate, or softmax over
+    # each sample's candidates (one positive against its sampled negatives)
+    loss: str = "bce"
 
     def __post_init__(self) -> None:
         for name in ("emb_dropout", "attn_dropout", "ffn_dropout"):
             check_rate(name, getattr(self, name))
+        check_objective(self.loss)
         for name in ("num_items", "num_actions", "dim", "heads", "layers", "mlp_ratio"):
             if getattr(self, name) < 1:
                 raise ValueError(f"model {name} must be >= 1, got {getattr(self, name)}")

@@ -19,6 +19,7 @@ OPTIONS = [
     "model.emb_dropout=0.3", "model.attn_dropout=0.2", "model.ffn_dropout=0.2",
     "dense.weight_decay=0.05", "dense.lr_warmup=3", "dense.lr_decay=cosine",
     "embeddings.weight_decay=0.02", "embeddings.lr_warmup=2", "embeddings.lr_decay=linear",
+    "model.loss=softmax",
 ]  # fmt: skip
 
 
@@ -69,9 +70,10 @@ def test_each_option_changes_training():
     base = ["run.steps=4", "run.mode=sync", "data.max_uih=24", "data.length_cap=24"]
     variants = [[], ["model.emb_dropout=0.5"], ["embeddings.weight_decay=0.5"],
                 ["dense.lr=0.01", "dense.lr_warmup=2", "dense.lr_decay=linear"],
-                ["embeddings.lr_warmup=2"]]  # fmt: skip
-    plain, dropped, decayed, scheduled, emb = run_ranks(_variants, 1, base, variants)[0]
+                ["embeddings.lr_warmup=2"], ["model.loss=softmax"]]  # fmt: skip
+    plain, dropped, decayed, scheduled, emb, softmax = run_ranks(_variants, 1, base, variants)[0]
     assert plain["losses"][1:] != dropped["losses"][1:]
+    assert plain["losses"][0] != softmax["losses"][0]
     assert plain["losses"][0] == emb["losses"][0] and not torch.equal(plain["table"], emb["table"])
     assert scheduled["lr"] == LrSchedule(0.01, 2, "linear", 4)(4) != 0.01
     read = (plain["table"] != plain["before"]).any(dim=1)
