@@ -26,7 +26,6 @@ from freescale.config.sections import (
 from freescale.config.train_config import TrainConfig
 
 HSTU_MODEL = "freescale.models.hstu:build"
-BEAUTY_EPOCH = 1026  # steps of one Beauty epoch: 131 413 training prefixes / a global batch of 128
 
 
 def _sasrec(factory: str, dropout: float) -> TrainConfig:
@@ -38,7 +37,7 @@ def _sasrec(factory: str, dropout: float) -> TrainConfig:
         model=ModelSection(factory=factory, options=options),
         embeddings=EmbeddingsSection(optimizer="adagrad", lr=0.05, lr_decay="cosine"),
         dense=DenseSection(lr=1e-3, lr_warmup=500, lr_decay="cosine", weight_decay=0.01),
-        evaluation=EvaluationSection(every=BEAUTY_EPOCH, keep_best="ndcg@10", patience=5),
+        evaluation=EvaluationSection(every=0, every_epochs=1, keep_best="ndcg@10", patience=5),
     )
 
 

@@ -281,6 +281,9 @@ class PipelineSection:
 @dataclass(frozen=True)
 class EvaluationSection:
     every: int = 30  # steps between held-out evaluations (0: none during training)
+    # with run.epochs: evaluate every this many epochs instead (sets `every`
+    # once the data gives an epoch's steps, `setup.resolve_epochs`)
+    every_epochs: int = 0
     batches: int = 4  # batches per evaluation
     # file data: every evaluation covers the whole validation split, and the
     # final one uses the weights of the best of them by this metric (hr@10 |
@@ -289,12 +292,14 @@ class EvaluationSection:
     patience: int = 0  # with keep_best: stop after this many evaluations without a new best
 
     def __post_init__(self) -> None:
-        _at_least(self, "evaluation", ("every", "patience"), 0)
+        _at_least(self, "evaluation", ("every", "every_epochs", "patience"), 0)
         _at_least(self, "evaluation", ("batches",), 1)
         if self.keep_best:
             _choice("evaluation.keep_best", self.keep_best, BEST_METRICS)
-            if not self.every:
-                raise ValueError("evaluation.keep_best needs evaluation.every > 0")
+            if not (self.every or self.every_epochs):
+                raise ValueError(
+                    "evaluation.keep_best needs evaluation.every or evaluation.every_epochs > 0"
+                )
         elif self.patience:
             raise ValueError("evaluation.patience needs evaluation.keep_best")
 

@@ -64,6 +64,8 @@ class TrainConfig:
             raise ValueError(
                 f"model.{dropout[0]} needs eager dense blocks (dense.graphs and dense.compile off)"
             )
+        if self.evaluation.every_epochs and not self.run.epochs:
+            raise ValueError("evaluation.every_epochs needs run.epochs (file data)")
         if not self.run.epochs:  # else once the data gives the steps (`setup.resolve_epochs`)
             self.check_warmups(self.run.steps)
 

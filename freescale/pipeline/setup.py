@@ -113,13 +113,15 @@ def open_data(
 
 
 def resolve_epochs(cfg: TrainConfig, source: Any, world_size: int) -> TrainConfig:
-    """``cfg`` with ``run.steps`` set from ``run.epochs`` (unchanged without it)."""
+    """``cfg`` with ``run.steps`` set from ``run.epochs`` and ``evaluation.every``
+    from ``evaluation.every_epochs`` (unchanged without them)."""
     if not cfg.run.epochs:
         return cfg
     steps = epoch_steps(cfg.run, source, world_size)
+    every = steps // cfg.run.epochs * cfg.evaluation.every_epochs or cfg.evaluation.every
     try:
         cfg.check_warmups(steps)
-        return cfg.with_values(run__steps=steps)
+        return cfg.with_values(run__steps=steps, evaluation__every=every)
     except ValueError as e:
         raise ValueError(f"run.epochs={cfg.run.epochs} is {steps} steps: {e}") from None
 

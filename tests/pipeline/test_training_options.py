@@ -110,8 +110,15 @@ def test_epochs_set_the_steps_from_the_file(tmp_path):
                                 "data.samples_per_user=0"])  # fmt: skip
     per_epoch = make_source(cfg).steps_per_epoch(2, 4)
     assert resolve_epochs(cfg, make_source(cfg), 2).run.steps == 3 * per_epoch > 0
+    assert resolve_epochs(cfg, make_source(cfg), 2).evaluation.every == cfg.evaluation.every
+    per_two = cfg.with_values(evaluation__every_epochs=2, evaluation__keep_best="auc")
+    assert resolve_epochs(per_two, make_source(cfg), 2).evaluation.every == 2 * per_epoch
     with pytest.raises(ValueError, match=r"run\.epochs needs file data"):
         resolve_epochs(build_config("demo", ["run.epochs=2"]), make_source(build_config()), 2)
+    with pytest.raises(ValueError, match=r"evaluation\.every_epochs needs run\.epochs"):
+        build_config("demo", ["evaluation.every_epochs=1"])
+    with pytest.raises(ValueError, match=r"keep_best needs evaluation\.every or"):
+        build_config("demo", ["evaluation.every=0", "evaluation.keep_best=auc"])
 
 
 def test_train_negatives_set_the_training_candidates(tmp_path):
