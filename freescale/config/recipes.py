@@ -7,10 +7,9 @@ last 50 items of the history, every training prefix a sample, 100 sampled
 negatives per evaluated user, dropout, and training for epochs with the
 validation split choosing the weights (``evaluation.keep_best``). Unlike it:
 each prefix's positive competes with 64 sampled negatives in a softmax
-(``model.loss=softmax``; SASRec: BCE against one negative, which reached
-validation NDCG@10 0.2900 where this reached 0.3268 after 3 CPU epochs on
-Beauty, docs/LOG.md), the tables train with row-wise Adagrad, and the
-budget is ~20 minutes on one H200 rather than 200 epochs.
+(``model.loss=softmax``; SASRec scores one negative with BCE), the tables
+train with row-wise Adagrad, and a run is 10 epochs, not 200: on Beauty
+both models peak at epoch 5-6 (docs/LOG.md, session 20).
 """
 
 from __future__ import annotations
@@ -32,7 +31,7 @@ def _sasrec(factory: str, dropout: float, dense_lr: float, table_lr: float) -> T
     options = {"dim": 64, "heads": 2, "layers": 2, "emb_dropout": dropout,
                "attn_dropout": dropout, "ffn_dropout": dropout, "loss": "softmax"}  # fmt: skip
     return TrainConfig(
-        run=RunSection(device="auto", nproc=1, batch_size=128, epochs=30, warmup=10),
+        run=RunSection(device="auto", nproc=1, batch_size=128, epochs=10, warmup=10),
         data=DataSection(max_uih=50, samples_per_user=0, eval_negatives=100, train_negatives=64),
         model=ModelSection(factory=factory, options=options),
         embeddings=EmbeddingsSection(optimizer="adagrad", lr=table_lr, lr_decay="cosine"),
