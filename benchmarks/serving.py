@@ -5,7 +5,9 @@ do not depend on them), exported once (`freescale.serving.export_model`,
 dynamic shapes) and, off smoke, compiled into an AOTInductor package; then
 per batch of the preset's data (``batch`` samples, ``batches`` of them after
 ``warmup``): latency of the eager eval forward (what training runs: varlen /
-cuDNN attention on CUDA) and of the served program (the same attention
+cuDNN attention on CUDA, under bf16 autocast where the preset trains with
+``dense.amp=bf16``; ``amp`` in the params overrides) and of the served program
+(exported with the same ``amp``) (the same attention
 behind one op per pattern, `freescale.models.attention_op`; ``attention =
 "padded"`` in the params: the padded fallback), the peak memory of each, and the largest
 score difference against the eager forward, with the bound of the forward's
@@ -50,6 +52,7 @@ def measure(s: Scenario, ctx: Ctx) -> Result:
     from freescale.data.source import schema_of
     from freescale.pipeline.setup import build_model, make_source
     from freescale.serving import export_model, load
+    from freescale.serving.exporter import run_amp
     from freescale.testing.tolerance import reduction_tol
 
     p = s.params
@@ -63,20 +66,27 @@ def measure(s: Scenario, ctx: Ctx) -> Result:
     aoti = bool(p.get("aoti", True)) and not ctx.smoke
     t0 = time.perf_counter()
     attention = p.get("attention", "jagged")
+    amp = run_amp(p.get("amp", "auto"), cfg, device.type)
+    say = lambda m: print(m, flush=True)  # noqa: E731
     out = export_model(model, batches[0], ctx.raw / "export", device=device.type, aoti=aoti,
-                       attention=attention, say=lambda m: print(m, flush=True))  # fmt: skip
+                       attention=attention, amp=amp, say=say)  # fmt: skip
     export_s = time.perf_counter() - t0
     served = load(out)
+
+    def eager(batch: Any) -> torch.Tensor:
+        with torch.autocast(device.type, torch.bfloat16, enabled=amp == "bf16"):
+            return model(batch).float()
+
     with torch.no_grad():
-        eager_ms, eager_gib = _timed(model, batches, device, warmup)
+        eager_ms, eager_gib = _timed(eager, batches, device, warmup)
         served_ms, served_gib = _timed(served, batches, device, warmup)
-        diffs = [(served(b) - model(b)).abs().max().item() for b in batches[warmup:]]
-    bf16 = device.type == "cuda"  # the eager attention's dtype there
+        diffs = [(served(b) - eager(b)).abs().max().item() for b in batches[warmup:]]
+    bf16 = device.type == "cuda" or amp == "bf16"  # the eager attention's dtype on CUDA
     dim = cfg.model.options.get("dim", 64)
     tol = reduction_tol(torch.bfloat16 if bf16 else torch.float32, 4 * dim, 1.0, 3)
     bound = tol["atol"] + tol["rtol"]
     row = {
-        "device": device.type, "batch": size, "program": served.kind,
+        "device": device.type, "batch": size, "program": served.kind, "amp": amp,
         "export_s": round(export_s, 1), "eager_ms": round(eager_ms, 3),
         "served_ms": round(served_ms, 3), "speedup": round(eager_ms / served_ms, 3),
         "eager_peak_gib": round(eager_gib, 3), "served_peak_gib": round(served_gib, 3),

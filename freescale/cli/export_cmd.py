@@ -43,6 +43,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "freescale is imported); padded: the batch padded to its widest sample (B·L_max² work; "
         "a self-contained program)",
     )
+    p.add_argument(
+        "--amp",
+        choices=("auto", "bf16", "none"),
+        default="auto",
+        help="auto (default): bf16 autocast in the program where the run trained with "
+        "dense.amp=bf16 and --device is cuda, else none; bf16; none",
+    )
     add_code_args(p)
     p.set_defaults(run=run_export)
 
@@ -58,7 +65,8 @@ def run_export(args: argparse.Namespace) -> int:
             raise ValueError("--device cuda but no CUDA device is visible")
     out = export(args.checkpoint, args.out, model=args.model, data=args.data,
                  device=args.device, dynamic=args.dynamic, aoti=args.aoti,
-                 attention=args.attention, weights=args.weights, say=_say)  # fmt: skip
+                 attention=args.attention, weights=args.weights, amp=args.amp,
+                 say=_say)  # fmt: skip
     manifest = read_manifest(out)
     record = {"command": "export", "out": str(out), "files": sorted(manifest["files"]),
               "checkpoint_sha256": manifest["source"]["manifest_sha256"]}  # fmt: skip

@@ -27,6 +27,12 @@ the program then loads only where ``freescale`` is imported); ``padded``
 traces the batch padded to its widest sample (`padded_attention`, B · L_max²:
 a self-contained program). HSTU traces its own ``padded`` layout either way
 (docs/serving.md).
+
+Precision (``amp``): ``bf16`` runs the forward under bf16 autocast inside the
+program, as training ran it with ``dense.amp=bf16`` (the trace keeps the
+autocast region; Inductor lowers it to casts); ``auto`` (`export`'s default)
+follows the run on CUDA, where ``dense.amp`` applies, and is ``none`` on the
+CPU. The program's output is float32 either way.
 """
 
 from __future__ import annotations
@@ -62,15 +68,33 @@ FORMAT = 1
 EXAMPLE_SAMPLES = 8  # samples of the example batch the program is traced on
 
 
-class Program(nn.Module):
-    """``model`` behind the flat signature: ``forward(*tensors) -> [C]`` logits."""
+AMPS = ("none", "bf16")
 
-    def __init__(self, model: nn.Module, signature: Signature) -> None:
+
+class Program(nn.Module):
+    """``model`` behind the flat signature: ``forward(*tensors) -> [C]`` float32
+    logits, under bf16 autocast on ``device_type`` with ``amp="bf16"``."""
+
+    def __init__(
+        self, model: nn.Module, signature: Signature, amp: str = "none", device_type: str = "cpu"
+    ) -> None:
         super().__init__()
-        self.model, self.signature = model, signature
+        self.model, self.signature, self.amp, self.device_type = model, signature, amp, device_type
 
     def forward(self, *tensors: Tensor) -> Tensor:
-        return self.model(self.signature.unflatten(tensors))
+        if self.amp == "bf16":  # no autocast region at all otherwise: the graph stays as it was
+            with torch.autocast(self.device_type, torch.bfloat16):
+                return self.model(self.signature.unflatten(tensors)).float()
+        return self.model(self.signature.unflatten(tensors)).float()
+
+
+def run_amp(amp: str, config: TrainConfig, device: str) -> str:
+    """``amp`` with ``auto`` resolved: the run's ``dense.amp`` on CUDA, else none."""
+    if amp == "auto":
+        return config.dense.amp if device == "cuda" else "none"
+    if amp not in AMPS:
+        raise ValueError(f"export: amp must be auto, {' or '.join(AMPS)}; got {amp!r}")
+    return amp
 
 
 def export(
@@ -84,6 +108,7 @@ def export(
     aoti: bool = False,
     attention: str = "jagged",
     weights: str = "auto",
+    amp: str = "auto",
     say: Callable[[str], None] | None = None,
 ) -> Path:
     """Export the checkpoint's model into the directory ``out``; returns it.
@@ -95,11 +120,13 @@ def export(
     it (a checkpoint never chooses the code that runs). ``dynamic=False``: a
     program for the example batch's shapes only. ``weights``: ``auto`` (the
     best evaluation's where the run kept one, else the latest), ``best`` or
-    ``latest`` (`freescale.serving.checkpoint.chosen_weights`). ``say``: progress lines
-    (the trace and the compile take minutes at long sequences).
+    ``latest`` (`freescale.serving.checkpoint.chosen_weights`). ``amp``: ``auto``,
+    ``bf16`` or ``none`` (the module docstring). ``say``: progress lines (the
+    trace and the compile take minutes at long sequences).
     """
     found, manifest, trainer = ck.checked(checkpoint)
     config = TrainConfig.from_dict(manifest["config"])
+    amp = run_amp(amp, config, device)
     factory = ck.model_factory(config, model)
     source = _source(config, data)
     schema = schema_of(source)
@@ -121,7 +148,7 @@ def export(
     options = {k: manifest["config"].get(k) for k in ("model", "data")}
     extra = {"source": source_record, "config": options}
     return export_model(plain, example, out, schema=schema, device=device, dynamic=dynamic,
-                        aoti=aoti, attention=attention, extra=extra, say=say)  # fmt: skip
+                        aoti=aoti, attention=attention, amp=amp, extra=extra, say=say)  # fmt: skip
 
 
 def export_model(
@@ -134,23 +161,26 @@ def export_model(
     dynamic: bool = True,
     aoti: bool = False,
     attention: str = "jagged",
+    amp: str = "none",
     extra: dict[str, Any] | None = None,
     say: Callable[[str], None] | None = None,
 ) -> Path:
     """Export a plain ``model`` (its current weights) traced on ``example``;
-    ``attention``: ``jagged`` or ``padded`` (the module docstring); ``say``:
-    progress lines."""
+    ``attention``: ``jagged`` or ``padded``, ``amp``: ``none`` or ``bf16`` (the
+    module docstring); ``say``: progress lines."""
     say = say or (lambda msg: None)
+    if amp not in AMPS:
+        raise ValueError(f"export: amp must be {' or '.join(AMPS)}; got {amp!r}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     target = torch.device(device)
     model = model.to(target).eval()
     example = example.to(target)
     signature = Signature.of(example)
-    say(f"tracing {type(model).__name__} with torch.export ({attention} attention)")
+    say(f"tracing {type(model).__name__} with torch.export ({attention} attention, amp {amp})")
     start = time.perf_counter()
     with exported_attention(attention):
-        program = trace(model, signature, example, dynamic)
+        program = trace(model, signature, example, dynamic, amp)
     torch.export.save(program, out / PROGRAM)
     say(f"{out / PROGRAM} written in {time.perf_counter() - start:.1f} s")
     files, inductor, failed = [PROGRAM], None, None
@@ -171,6 +201,7 @@ def export_model(
         "device": target.type,
         "dynamic": dynamic,
         "attention": attention,
+        "amp": amp,
         "model_class": f"{type(model).__module__}:{type(model).__qualname__}",
         "inputs": signature.inputs(),
         "signature": signature.as_dict(),
@@ -188,7 +219,11 @@ def export_model(
 
 
 def trace(
-    model: nn.Module, signature: Signature, example: SampleBatch, dynamic: bool = True
+    model: nn.Module,
+    signature: Signature,
+    example: SampleBatch,
+    dynamic: bool = True,
+    amp: str = "none",
 ) -> Any:
     """`torch.export.export` of ``model`` behind ``signature``; a model it cannot
     trace is one `ExportError` paragraph (`freescale.serving.failure`)."""
@@ -196,7 +231,9 @@ def trace(
     try:
         with torch.no_grad(), _size_oblivious():
             return torch.export.export(
-                Program(model, signature), signature.flatten(example), dynamic_shapes=shapes
+                Program(model, signature, amp, example.device.type),
+                signature.flatten(example),
+                dynamic_shapes=shapes,
             )
     except Exception as e:
         raise explain(e, model) from None

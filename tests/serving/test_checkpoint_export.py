@@ -52,6 +52,7 @@ def test_a_2_rank_checkpoint_exports_in_a_process_without_a_process_group(
     assert said[0].startswith("freescale export: tracing") and "model.pt2 written in" in said[1]
     manifest = read_manifest(tmp_path / "out")
     assert line["checkpoint_sha256"] == manifest["source"]["manifest_sha256"]
+    assert manifest["amp"] == "none"  # --amp auto on the CPU
     assert manifest["source"]["world_size"] == 2
     plain = build(freescale.DataSchema.standard(ITEMS, 4), dim=DIM, layers=1)
     plain.load_state_dict(state)

@@ -12,6 +12,8 @@ bitwise to the same model run padded eagerly). The default selection checks a
 few batches; the slow one 200, and the AOTInductor package.
 """
 
+import json
+
 import pytest
 import torch
 
@@ -211,20 +213,22 @@ def test_a_model_that_cannot_be_exported_is_one_paragraph(tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_the_attention_op_serves_on_cuda(tmp_path):
+@pytest.mark.parametrize("amp", ["none", "bf16"])
+def test_the_attention_op_serves_on_cuda(amp, tmp_path):
     """On CUDA the op runs the eval forward's kernels (cuDNN or varlen in bf16,
     the Triton cross-attention), each call on its own layout; bf16 kernels may
-    pick other tiles for other sizes: within bf16's reordered-sum bound."""
+    pick other tiles for other sizes: within bf16's reordered-sum bound (with
+    ``amp="bf16"``, of the forward under the same autocast)."""
     from freescale.testing.tolerance import reduction_tol
 
     torch.manual_seed(0)
     model = MODELS["sequence"][0]().cuda().eval()
-    served = load(export_model(model, example("sequence"), tmp_path, device="cuda"))
+    served = load(export_model(model, example("sequence"), tmp_path, device="cuda", amp=amp))
     tol = reduction_tol(torch.bfloat16, 4 * DIM, 1.0, LAYERS + 1)
     for batch in batches("sequence", 20):
         batch = batch.to("cuda")
-        with torch.no_grad():
-            expected = model(batch)
+        with torch.no_grad(), torch.autocast("cuda", torch.bfloat16, enabled=amp == "bf16"):
+            expected = model(batch).float()
         diff = (served(batch) - expected).abs().max().item() if expected.numel() else 0.0
         assert diff <= tol["atol"] + tol["rtol"], diff
 
@@ -235,3 +239,43 @@ def test_an_unknown_exported_attention_is_one_line(tmp_path):
         ValueError, match="exported attention must be jagged or padded, got 'dense'"
     ):
         export_model(model, example("sequence"), tmp_path, attention="dense")
+
+
+@pytest.mark.parametrize("name", ["sequence", "hstu"])
+def test_a_bf16_program_scores_as_the_forward_under_autocast(name, tmp_path):
+    """``amp="bf16"``: the program runs the forward under bf16 autocast (as
+    training with ``dense.amp=bf16`` does): within bf16's reordered-sum bound
+    of the eager forward under the same autocast, float32 out, and not the
+    float32 forward's scores (the autocast is in the program)."""
+    from freescale.testing.tolerance import reduction_tol
+
+    torch.manual_seed(0)
+    model = MODELS[name][0]().eval()
+    served = load(export_model(model, example(name), tmp_path, amp="bf16"))
+    tol = reduction_tol(torch.bfloat16, 4 * DIM, 1.0, LAYERS + 1)
+    moved = False
+    for batch in batches(name, 12)[1:]:
+        with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
+            expected = model(batch).float()
+        with torch.no_grad():
+            plain = model(batch)
+        got = served(batch)
+        assert got.dtype == torch.float32
+        assert (got - expected).abs().max().item() <= tol["atol"] + tol["rtol"]
+        moved |= not torch.equal(got, plain)
+    assert moved
+    assert json.loads((tmp_path / "manifest.json").read_text())["amp"] == "bf16"
+
+
+def test_amp_follows_the_run_on_cuda_only():
+    from freescale.config import build_config
+    from freescale.serving.exporter import run_amp
+
+    bf16 = build_config("h200-21k")
+    assert bf16.dense.amp == "bf16"
+    assert run_amp("auto", bf16, "cuda") == "bf16"
+    assert run_amp("auto", bf16, "cpu") == "none"  # dense.amp is CUDA's only
+    assert run_amp("auto", build_config("demo"), "cuda") == "none"
+    assert run_amp("bf16", build_config("demo"), "cpu") == "bf16"
+    with pytest.raises(ValueError, match="amp must be auto, none or bf16; got 'fp8'"):
+        run_amp("fp8", bf16, "cuda")
