@@ -8,6 +8,19 @@ import sys
 
 from freescale.cli.config_args import add_code_args
 
+_CHOICES = (
+    ("--weights", ("auto", "best", "latest"),
+     "auto (default): the best evaluation's weights where the run kept them "
+     "(evaluation.keep_best), else the latest; best; latest"),
+    ("--attention", ("jagged", "padded"),
+     "jagged: the model's own attention as one op per pattern (Σ L² work; loads where "
+     "freescale is imported); padded: the batch padded to its widest sample (B·L_max² work; "
+     "a self-contained program)"),
+    ("--amp", ("auto", "bf16", "none"),
+     "auto (default): bf16 autocast in the program where the run trained with "
+     "dense.amp=bf16 and --device is cuda, else none; bf16; none"),
+)  # fmt: skip
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -28,28 +41,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="one program for every batch shape (default); --no-dynamic: the example's shapes",
     )
     p.add_argument("--aoti", action="store_true", help="also compile an AOTInductor package")
-    p.add_argument(
-        "--weights",
-        choices=("auto", "best", "latest"),
-        default="auto",
-        help="auto (default): the best evaluation's weights where the run kept them "
-        "(evaluation.keep_best), else the latest; best; latest",
-    )
-    p.add_argument(
-        "--attention",
-        choices=("jagged", "padded"),
-        default="jagged",
-        help="jagged: the model's own attention as one op per pattern (Σ L² work; loads where "
-        "freescale is imported); padded: the batch padded to its widest sample (B·L_max² work; "
-        "a self-contained program)",
-    )
-    p.add_argument(
-        "--amp",
-        choices=("auto", "bf16", "none"),
-        default="auto",
-        help="auto (default): bf16 autocast in the program where the run trained with "
-        "dense.amp=bf16 and --device is cuda, else none; bf16; none",
-    )
+    for flag, choices, what in _CHOICES:  # the first choice is the default
+        p.add_argument(flag, choices=choices, default=choices[0], help=what)
     add_code_args(p)
     p.set_defaults(run=run_export)
 
