@@ -82,10 +82,10 @@ class Program(nn.Module):
         self.model, self.signature, self.amp, self.device_type = model, signature, amp, device_type
 
     def forward(self, *tensors: Tensor) -> Tensor:
-        if self.amp == "bf16":  # no autocast region at all otherwise: the graph stays as it was
-            with torch.autocast(self.device_type, torch.bfloat16):
-                return self.model(self.signature.unflatten(tensors)).float()
-        return self.model(self.signature.unflatten(tensors)).float()
+        # no autocast region at all without amp: the graph stays as it was
+        bf16 = self.amp == "bf16"
+        with torch.autocast(self.device_type, torch.bfloat16) if bf16 else contextlib.nullcontext():
+            return self.model(self.signature.unflatten(tensors)).float()
 
 
 def run_amp(amp: str, config: TrainConfig, device: str) -> str:
