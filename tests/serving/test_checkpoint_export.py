@@ -116,3 +116,23 @@ def test_the_cli_exports_either_attention(trained, tmp_path, capsys):
         main(["export", str(ck), str(tmp_path / "x"), "--attention", "dense"])
     assert info.value.code == 2
     assert "invalid choice: 'dense'" in capsys.readouterr().err
+
+
+def test_export_amp_bf16_from_the_cli(trained, tmp_path):
+    """``freescale export --amp bf16``: the program computes under bf16 autocast
+    (within bf16's reordered-sum bound of the plain model under it), float32 out."""
+    from freescale.testing.tolerance import reduction_tol
+
+    ck, state = trained
+    assert main(["export", str(ck), str(tmp_path / "out"), "--amp", "bf16"]) == 0
+    assert read_manifest(tmp_path / "out")["amp"] == "bf16"
+    plain = build(freescale.DataSchema.standard(ITEMS, 4), dim=DIM, layers=1)
+    plain.load_state_dict(state)
+    plain.eval()
+    batch = random_batch(7, 6, max_uih=20, num_items=ITEMS, dense_dim=None)
+    with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
+        expected = plain(batch).float()
+    got = load(tmp_path / "out")(batch)
+    tol = reduction_tol(torch.bfloat16, 4 * DIM, 1.0, 2)
+    assert got.dtype == torch.float32
+    assert (got - expected).abs().max().item() <= tol["atol"] + tol["rtol"]
