@@ -10,8 +10,10 @@ CUDA context, and its exported program, stay intact.
 
 Inductor's vectorized C++ does not compile for every op (torch 2.13: an int32
 -> int64 convert of HSTU's buckets): such a program is compiled again without
-vectorization, scalar but correct. The child's last stdout line is the JSON of
-the Inductor configs it used, after `MARK`.
+vectorization, scalar but correct. The package holds code only: its weights
+are the program's (`WEIGHTS`; `freescale.serving.load` gives them to it). The
+child's last stdout line is the JSON of the Inductor configs it used, after
+`MARK`.
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ ERROR_LINES = 2  # the child's last error lines kept in the paragraph
 TIMEOUT_S = 3 * 3600  # a compile takes minutes; one that takes hours is stuck
 MARK = "freescale-aoti-configs "  # the child's result line
 SERVES = "The torch.export program was written and serves (freescale.serving.load(OUT, aoti=False))"
+# The weights stay out of the package's shared library: `load` gives it the
+# program's (no second copy of the tables; packages with ~10 GB of embedded
+# weights did not load on an H200, torch 2.11).
+WEIGHTS = {"aot_inductor.package_constants_in_so": False}
 _RAISED = re.compile(r"[\w.]*(Error|Exception)\w*: ")  # "torch._inductor.exc.InductorError: ..."
 
 
@@ -79,12 +85,12 @@ def _compile(program: Path, package: Path) -> dict[str, Any]:
 
     loaded = torch.export.load(str(program))
     try:
-        aoti_compile_and_package(loaded, package_path=str(package))
-        return {}
+        aoti_compile_and_package(loaded, package_path=str(package), inductor_configs=WEIGHTS)
+        return dict(WEIGHTS)
     except Exception as e:
         if "CppCompileError" not in f"{type(e).__name__} {e}"[:300]:
             raise
-    scalar = {"cpp.simdlen": 1}
+    scalar = {**WEIGHTS, "cpp.simdlen": 1}
     aoti_compile_and_package(loaded, package_path=str(package), inductor_configs=scalar)
     return scalar
 

@@ -28,9 +28,13 @@ from freescale.state.checkpoint_files import sha256_file
 class Served:
     """A loaded export: ``served(batch)`` or ``served(*tensors)`` -> logits [C]."""
 
-    def __init__(self, program: Any, signature: Signature, device: torch.device, kind: str):
+    def __init__(
+        self, program: Any, signature: Signature, device: torch.device, kind: str,
+        weights: dict[str, Tensor] | None = None,
+    ) -> None:  # fmt: skip
         self.program, self.signature, self.device = program, signature, device
         self.kind = kind  # "aoti" | "export"
+        self.weights = weights  # what an AOTInductor package reads in place: kept alive here
 
     def __call__(self, *inputs: Any) -> Tensor:
         if len(inputs) == 1 and isinstance(inputs[0], SampleBatch):
@@ -74,13 +78,29 @@ def load(directory: str | Path, device: str | None = None, aoti: bool | None = N
     has_package = PACKAGE in manifest["files"] and target.type == made_for.type
     if aoti and not has_package:
         raise ValueError(f"{directory} has no AOTInductor package for {target.type}")
-    if has_package and aoti is not False:
-        from torch._inductor import aoti_load_package
-
-        return Served(aoti_load_package(str(directory / PACKAGE)), signature, target, "aoti")
     program = torch.export.load(directory / PROGRAM)
+    if has_package and aoti is not False:
+        package, weights = _package(directory / PACKAGE, program)
+        return Served(package, signature, target, "aoti", weights)
     if target.type != made_for.type:
         from torch.export.passes import move_to_device_pass
 
         program = move_to_device_pass(program, target)
     return Served(program.module(), signature, target, "export")
+
+
+def _package(path: Path, program: Any) -> tuple[Any, dict[str, Tensor]]:
+    """The AOTInductor package at ``path`` given the program's weights (a
+    package holds none: `freescale.serving.aoti.WEIGHTS`), and those weights."""
+    from torch._inductor import aoti_load_package
+
+    compiled = aoti_load_package(str(path))
+    needed = compiled.get_constant_fqns()
+    weights = {**program.state_dict, **program.constants}
+    missing = [name for name in needed if name not in weights]
+    if missing:
+        raise ValueError(f"{path}: the program has no weights {missing[:3]} that the package needs")
+    held = {name: weights[name] for name in needed}
+    # user_managed: the package reads these tensors in place (no second copy).
+    compiled.load_constants(held, check_full_update=True, user_managed=True)
+    return compiled, held

@@ -279,3 +279,20 @@ def test_amp_follows_the_run_on_cuda_only():
     assert run_amp("bf16", build_config("demo"), "cpu") == "bf16"
     with pytest.raises(ValueError, match="amp must be auto, none or bf16; got 'fp8'"):
         run_amp("fp8", bf16, "cuda")
+
+
+@pytest.mark.slow
+def test_the_aoti_package_holds_code_not_a_second_copy_of_the_tables(tmp_path):
+    """The package reads the program's weights (10M-row tables did not load from
+    a package that embedded them): it stays small beside a large table."""
+    torch.manual_seed(0)
+    model = sequence.build(DataSchema.standard(200_000, 4, dense_dim=2), dim=DIM, layers=1).eval()
+    out = export_model(model, example("sequence"), tmp_path, aoti=True)
+    table_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert (out / "model_aoti.pt2").stat().st_size < table_bytes / 4
+    served = load(out)
+    assert served.kind == "aoti"
+    for batch in batches("sequence", 5):
+        with torch.no_grad():
+            expected = model(batch)
+        assert_reordered_close(served(batch), expected, terms=4 * DIM, depth=2)
