@@ -90,11 +90,16 @@ class Program(nn.Module):
 
 def run_amp(amp: str, config: TrainConfig, device: str) -> str:
     """``amp`` with ``auto`` resolved: the run's ``dense.amp`` on CUDA, else none."""
+    _check_amp(amp, ("auto", *AMPS))
     if amp == "auto":
         return config.dense.amp if device == "cuda" else "none"
-    if amp not in AMPS:
-        raise ValueError(f"export: amp must be auto, {' or '.join(AMPS)}; got {amp!r}")
     return amp
+
+
+def _check_amp(amp: str, choices: tuple[str, ...]) -> None:
+    if amp not in choices:
+        listed = f"{', '.join(choices[:-1])} or {choices[-1]}"
+        raise ValueError(f"export: amp must be {listed}; got {amp!r}")
 
 
 def export(
@@ -169,8 +174,7 @@ def export_model(
     ``attention``: ``jagged`` or ``padded``, ``amp``: ``none`` or ``bf16`` (the
     module docstring); ``say``: progress lines."""
     say = say or (lambda msg: None)
-    if amp not in AMPS:
-        raise ValueError(f"export: amp must be {' or '.join(AMPS)}; got {amp!r}")
+    _check_amp(amp, AMPS)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     target = torch.device(device)
