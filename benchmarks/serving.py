@@ -51,8 +51,9 @@ def measure(s: Scenario, ctx: Ctx) -> Result:
     from freescale.config import build_config
     from freescale.data.source import schema_of
     from freescale.pipeline.setup import build_model, make_source
-    from freescale.serving import export_model, load
-    from freescale.serving.exporter import run_amp
+    from freescale.serving import ExportError, export_model, load
+    from freescale.serving.exporter import MANIFEST, run_amp
+    from freescale.serving.loader import read_manifest
     from freescale.testing.tolerance import reduction_tol
 
     p = s.params
@@ -68,10 +69,17 @@ def measure(s: Scenario, ctx: Ctx) -> Result:
     attention = p.get("attention", "jagged")
     amp = run_amp(p.get("amp", "auto"), cfg, device.type)
     say = lambda m: print(m, flush=True)  # noqa: E731
-    out = export_model(model, batches[0], ctx.raw / "export", device=device.type, aoti=aoti,
-                       attention=attention, amp=amp, say=say)  # fmt: skip
+    out, aoti_error = ctx.raw / "export", None
+    try:
+        export_model(model, batches[0], out, device=device.type, aoti=aoti,
+                     attention=attention, amp=amp, say=say)  # fmt: skip
+    except ExportError as e:  # the package failed, the program serves: measure it, say why
+        if not (out / MANIFEST).is_file():
+            raise
+        aoti_error = read_manifest(out)["aoti_error"]
+        say(f"measuring the torch.export program instead: {e}")
     export_s = time.perf_counter() - t0
-    served = load(out)
+    served = load(out, aoti=None if aoti_error is None else False)
 
     def eager(batch: Any) -> torch.Tensor:
         with torch.autocast(device.type, torch.bfloat16, enabled=amp == "bf16"):
@@ -91,5 +99,6 @@ def measure(s: Scenario, ctx: Ctx) -> Result:
         "served_ms": round(served_ms, 3), "speedup": round(eager_ms / served_ms, 3),
         "eager_peak_gib": round(eager_gib, 3), "served_peak_gib": round(served_gib, 3),
         "max_abs_diff": max(diffs), "tolerance": bound, "within_tolerance": max(diffs) <= bound,
+        "aoti_error": aoti_error,
     }  # fmt: skip
     return Result([row])

@@ -11,9 +11,14 @@ CUDA context, and its exported program, stay intact.
 Inductor's vectorized C++ does not compile for every op (torch 2.13: an int32
 -> int64 convert of HSTU's buckets): such a program is compiled again without
 vectorization, scalar but correct. The package holds code only: its weights
-are the program's (`WEIGHTS`; `freescale.serving.load` gives them to it). The
-child's last stdout line is the JSON of the Inductor configs it used, after
-`MARK`.
+are the program's (`WEIGHTS`; `freescale.serving.load` gives them to it).
+
+The child then loads the package it wrote, with those weights: on an H200
+(torch 2.11) even a two-layer linear's CUDA package crashed its loader with a
+segmentation fault. A package that does not load here is removed and the
+caller gets one paragraph, not a server that dies on its first `load`. The
+child prints the JSON of the Inductor configs it used after `MARK`, once
+compiled, and `LOADS` once loaded.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -31,6 +37,7 @@ import freescale
 ERROR_LINES = 2  # the child's last error lines kept in the paragraph
 TIMEOUT_S = 3 * 3600  # a compile takes minutes; one that takes hours is stuck
 MARK = "freescale-aoti-configs "  # the child's result line
+LOADS = "freescale-aoti-loads"  # the child's last line: the package loaded
 SERVES = "The torch.export program was written and serves (freescale.serving.load(OUT, aoti=False))"
 # The weights stay out of the package's shared library: `load` gives it the
 # program's (no second copy of the tables; packages with ~10 GB of embedded
@@ -59,13 +66,37 @@ def compile_package(program: Path, package: Path) -> dict[str, Any]:
         raise CompileError(
             f"AOTInductor did not compile {program} in {TIMEOUT_S} s (child stopped). {SERVES}"
         ) from None
-    if done.returncode == 0:
-        marked = [ln for ln in done.stdout.splitlines() if ln.startswith(MARK)]
-        return json.loads(marked[-1][len(MARK) :]) if marked else {}
+    lines = done.stdout.splitlines()
+    marked = [ln for ln in lines if ln.startswith(MARK)]
+    if done.returncode == 0 and LOADS in lines:
+        return json.loads(marked[-1][len(MARK) :])
+    if marked:  # compiled, then failed to load: never leave a package that kills its loader
+        Path(package).unlink(missing_ok=True)
+        why = f": {_reason(done.stderr)}" if done.returncode > 0 else ""  # a signal leaves no error
+        raise CompileError(
+            f"AOTInductor compiled {program}, but the package failed to load in a fresh process "
+            f"({_ended(done.returncode)}, torch {_torch_version()}){why}; it was removed. {SERVES}"
+        )
     raise CompileError(
         f"AOTInductor could not compile {program} (child process rc {done.returncode}): "
         f"{_reason(done.stderr)}. {SERVES}"
     )
+
+
+def _ended(returncode: int) -> str:
+    """How the child ended: ``signal SIGSEGV`` or ``rc 1``."""
+    if returncode < 0:
+        try:
+            return f"signal {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"signal {-returncode}"
+    return f"rc {returncode}"
+
+
+def _torch_version() -> str:
+    import torch
+
+    return torch.__version__
 
 
 def _reason(stderr: str) -> str:
@@ -95,6 +126,19 @@ def _compile(program: Path, package: Path) -> dict[str, Any]:
     return scalar
 
 
+def _check_loads(package: Path, program: Path) -> None:
+    """Load ``package`` as `freescale.serving.load` does (its weights given
+    from ``program``); a crash here ends this child, not the caller."""
+    import torch
+    from torch._inductor import aoti_load_package
+
+    from freescale.serving.loader import give_weights
+
+    give_weights(aoti_load_package(str(package)), torch.export.load(str(program)), package)
+
+
 if __name__ == "__main__":
     used = _compile(Path(sys.argv[1]), Path(sys.argv[2]))
     print(MARK + json.dumps(used), flush=True)
+    _check_loads(Path(sys.argv[2]), Path(sys.argv[1]))
+    print(LOADS, flush=True)

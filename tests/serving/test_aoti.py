@@ -1,8 +1,11 @@
 """The AOTInductor compile runs in a child process: its failures are one paragraph."""
 
+import subprocess
+
 import pytest
 
-from freescale.serving.aoti import CompileError, _reason, compile_package
+from freescale.serving import aoti
+from freescale.serving.aoti import MARK, CompileError, _reason, compile_package
 
 
 def test_a_failed_compile_is_one_paragraph(tmp_path):
@@ -12,6 +15,29 @@ def test_a_failed_compile_is_one_paragraph(tmp_path):
     assert "\n" not in text and len(text) < 1000
     assert "AOTInductor could not compile" in text and "rc 1" in text
     assert "missing.pt2" in text and "serves" in text
+
+
+@pytest.mark.parametrize(
+    "rc, stderr, ended",
+    [(-11, "UserWarning: a buffer is not writable", "signal SIGSEGV"),
+     (1, "ValueError: the program has no weights ['w']", "rc 1")],
+)  # fmt: skip
+def test_a_package_that_does_not_load_is_removed(tmp_path, monkeypatch, rc, stderr, ended):
+    """Compiled, then the child's load of it crashed (an H200, torch 2.11): the
+    caller gets one paragraph and no package that would kill its server."""
+    package = tmp_path / "model_aoti.pt2"
+    package.write_bytes(b"compiled")
+
+    def child(cmd, **kwargs):
+        return subprocess.CompletedProcess(cmd, rc, stdout=MARK + "{}\n", stderr=stderr)
+
+    monkeypatch.setattr(aoti.subprocess, "run", child)
+    with pytest.raises(CompileError) as info:
+        compile_package(tmp_path / "model.pt2", package)
+    text = str(info.value)
+    assert not package.exists()
+    assert "\n" not in text and "failed to load in a fresh process" in text and ended in text
+    assert ("no weights" in text) == (rc > 0) and "not writable" not in text and "serves" in text
 
 
 def test_the_reason_keeps_the_assert_and_the_last_errors():
