@@ -132,9 +132,21 @@ def _check_loads(package: Path, program: Path) -> None:
     import torch
     from torch._inductor import aoti_load_package
 
-    from freescale.serving.loader import give_weights
-
     give_weights(aoti_load_package(str(package)), torch.export.load(str(program)), package)
+
+
+def give_weights(compiled: Any, program: Any, path: Path) -> dict[str, Any]:
+    """Hand ``program``'s weights to the loaded package ``compiled`` (read
+    from ``path``); the tensors it now reads, which must outlive it."""
+    needed = compiled.get_constant_fqns()
+    weights = {**program.state_dict, **program.constants}
+    missing = [name for name in needed if name not in weights]
+    if missing:
+        raise ValueError(f"{path}: the program has no weights {missing[:3]} that the package needs")
+    held = {name: weights[name] for name in needed}
+    # user_managed: the package reads these tensors in place (no second copy).
+    compiled.load_constants(held, check_full_update=True, user_managed=True)
+    return held
 
 
 if __name__ == "__main__":

@@ -94,19 +94,7 @@ def _package(path: Path, program: Any) -> tuple[Any, dict[str, Tensor]]:
     package holds none: `freescale.serving.aoti.WEIGHTS`), and those weights."""
     from torch._inductor import aoti_load_package
 
+    from freescale.serving.aoti import give_weights
+
     compiled = aoti_load_package(str(path))
     return compiled, give_weights(compiled, program, path)
-
-
-def give_weights(compiled: Any, program: Any, path: Path) -> dict[str, Tensor]:
-    """Hand ``program``'s weights to the loaded package ``compiled`` (read
-    from ``path``); the tensors it now reads, which must outlive it."""
-    needed = compiled.get_constant_fqns()
-    weights = {**program.state_dict, **program.constants}
-    missing = [name for name in needed if name not in weights]
-    if missing:
-        raise ValueError(f"{path}: the program has no weights {missing[:3]} that the package needs")
-    held = {name: weights[name] for name in needed}
-    # user_managed: the package reads these tensors in place (no second copy).
-    compiled.load_constants(held, check_full_update=True, user_managed=True)
-    return held
