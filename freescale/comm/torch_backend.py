@@ -9,6 +9,7 @@ zero splits (checked on torch 2.13 CPU, covered by tests/comm).
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Sequence
 from typing import Any
 
@@ -127,3 +128,18 @@ class TorchCommunicator:
             async_op=True,
         )
         return TorchWork(handle, out, (x,))
+
+
+def end_process_groups() -> None:
+    """Destroy every process group and free them now, not at interpreter exit.
+
+    ``destroy_process_group`` only forgets the groups: a trainer's reference
+    cycles keep them until the exit's last garbage collection, where a gloo
+    worker thread that drops a finished collective's tensors cannot take the
+    GIL and the rank dies by SIGABRT with its work done ("terminate called
+    without an active exception"). Collected here, their destructors join
+    those threads while the interpreter is whole.
+    """
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    gc.collect()

@@ -48,6 +48,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from freescale.comm.torch_backend import end_process_groups
 from freescale.config import TrainConfig
 from freescale.pipeline.liveness import (
     EXIT_STOPPED,
@@ -343,7 +344,7 @@ def _run_initialized(
         job = job or RankJob()
         return run_rank(cfg, job.model, job.data, job.state_dict)
     finally:
-        dist.destroy_process_group()
+        end_process_groups()
 
 
 def run_rank(
