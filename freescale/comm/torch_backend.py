@@ -138,7 +138,8 @@ def end_process_groups() -> None:
     worker thread that drops a finished collective's tensors cannot take the
     GIL and the rank dies by SIGABRT with its work done ("terminate called
     without an active exception"). Collected here, their destructors join
-    those threads while the interpreter is whole.
+    those threads while the interpreter is whole. (A forked or forkserver
+    child ends by ``os._exit``, no finalization: the test harness needs none.)
     """
     if dist.is_initialized():
         dist.destroy_process_group()

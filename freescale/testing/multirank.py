@@ -75,8 +75,6 @@ def _worker(
     import torch
     import torch.distributed as dist
 
-    from freescale.comm.torch_backend import end_process_groups
-
     torch.set_num_threads(rank_threads())
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
@@ -106,7 +104,8 @@ def _worker(
     except BaseException:
         results.put(("error", rank, traceback.format_exc()))
     finally:
-        end_process_groups()
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def run_ranks(
