@@ -133,6 +133,8 @@ def run_point(s: Scenario, point: dict[str, Any], raw: Path) -> dict[str, Any]:
             warm = cfg.run.warmup
             kept = [x for x in steps if x["step"] >= warm and not first <= x["step"] <= last]
             row["step_ms"] = statistics.mean(x["step_ms"] for x in kept) if kept else row["step_ms"]
+            traced = [x["step_ms"] for x in steps if first <= x["step"] <= last]
+            row["traced_step_ms"] = statistics.mean(traced) if traced else None
     row["steps_file"] = metrics.name
     return row
 
@@ -144,7 +146,7 @@ def _steps(path: Path) -> list[dict[str, Any]]:
 def trace_numbers(path: Path, steps: str) -> dict[str, Any]:
     """Rank 0's GPU idle % over the traced steps, host ms per traced step and
     GPU ms / launches per traced step of each kernel class (summed over streams)."""
-    from freescale.observe.kernel_classes import kernel_times
+    from freescale.observe.kernel_classes import CLASSES, kernel_times
     from freescale.observe.trace import gpu_gaps, host_steps, load_trace
 
     if not path.exists():
@@ -156,8 +158,17 @@ def trace_numbers(path: Path, steps: str) -> dict[str, Any]:
         "host_ms": statistics.mean(h.host_us for h in hosts) / 1e3 if hosts else None,
         "host_wait_ms": statistics.mean(h.wait_us for h in hosts) / 1e3 if hosts else None,
     }
-    for cls, t in kernel_times(trace).items():  # all 0 on a CPU-only trace
+    times = kernel_times(trace)
+    for cls, t in times.items():  # all 0 on a CPU-only trace
         row[f"ms_{cls}"], row[f"launches_{cls}"] = round(t.ms, 4), round(t.launches, 2)
+    # The old per-class columns' sum: each stream's kernels counted in full.
+    row["ms_stream_sum"] = round(times["busy"].stream_ms, 4)
+    if devices:  # the trace module's own union, per traced step: the classes must add up to it
+        n = max(1, len(hosts))
+        row["gpu_busy_ms"] = devices[0].busy_us / 1e3 / n
+        row["gpu_window_ms"] = devices[0].window_us / 1e3 / n
+        parts = sum(times[c].ms for c in CLASSES)
+        row["classes_add_up"] = abs(parts - row["gpu_busy_ms"]) <= 0.05 * row["gpu_busy_ms"]
     return row
 
 

@@ -1,8 +1,12 @@
 """GPU time per kernel class in a profiler trace: where a step's time goes.
 
-Issue 42's table splits a step's kernel time (summed over streams) into the
-classes below, by kernel name, so that a change to one class (fused blocks,
-another attention kernel) shows in its own column. `kernel_class` is the one
+A step's GPU busy time (the union of its kernels, copies and memsets over
+every stream of a device) is split into the classes below, by kernel name,
+so that a change to one class (fused blocks, another attention kernel) shows
+in its own column and the columns add up to the busy time: where kernels of
+several streams overlap, each instant is shared equally among the kernels
+running then (a plain sum over streams counts it once per stream, and read
+as a step's time it overstates it). `kernel_class` is the one
 place the name patterns live; the patterns are those of the kernels torch,
 cuBLAS, cuDNN, FlashAttention and Triton name on an H100/H200 (first match wins):
 
@@ -71,19 +75,43 @@ def kernel_class(name: str) -> str:
 
 @dataclass
 class ClassTime:
-    ms: float  # per step, summed over streams
+    ms: float  # per step: its share of the busy time (overlaps shared equally)
     launches: float  # per step
+    stream_ms: float = 0.0  # per step: the plain sum of durations over streams
+
+
+def share_busy_time(spans: list[tuple[float, float, str]]) -> dict[str, float]:
+    """Per class, its share of the union of ``spans`` (start, end, class): each
+    instant split equally among the spans covering it, so the shares sum to the
+    union's length exactly."""
+    edges = sorted(
+        [(s, 1, c) for s, e, c in spans if e > s] + [(e, -1, c) for s, e, c in spans if e > s]
+    )
+    share: dict[str, float] = {}
+    active: dict[str, int] = {}
+    n, last = 0, 0.0
+    for t, delta, cls in edges:
+        if n and t > last:
+            for c, k in active.items():
+                if k:
+                    share[c] = share.get(c, 0.0) + (t - last) * k / n
+        active[cls] = active.get(cls, 0) + delta
+        n += delta
+        last = t
+    return share
 
 
 def kernel_times(trace: dict[str, Any]) -> dict[str, ClassTime]:
-    """Per class (every one of `CLASSES`, then ``memory_bound``): GPU ms and
-    launches per traced step (the trace's ``ProfilerStep#`` spans; 1 if none).
-    Memcpy and memset count as ``other``."""
+    """Per class (every one of `CLASSES`, then ``memory_bound``, then ``busy``: the
+    union over streams, which the classes sum to): GPU ms and launches per traced
+    step (the trace's ``ProfilerStep#`` spans; 1 if none). Memcpy and memset
+    count as ``other``. Devices are shared out apart and added."""
     events = trace.get("traceEvents") if isinstance(trace, dict) else None
     if not isinstance(events, list):
         raise ValueError("not a Chrome trace (no traceEvents list)")
     us = dict.fromkeys(CLASSES, 0.0)
     count = dict.fromkeys(CLASSES, 0)
+    by_device: dict[Any, list[tuple[float, float, str]]] = {}
     steps = 0
     for ev in events:
         if not isinstance(ev, dict) or ev.get("ph") != "X":
@@ -91,13 +119,24 @@ def kernel_times(trace: dict[str, Any]) -> dict[str, ClassTime]:
         cat, name = str(ev.get("cat", "")).lower(), str(ev.get("name", ""))
         if cat in GPU_CATS:
             cls = kernel_class(name) if cat == "kernel" else "other"
-            us[cls] += float(ev.get("dur", 0.0))
+            start, dur = float(ev.get("ts", 0.0)), float(ev.get("dur", 0.0))
+            us[cls] += dur
             count[cls] += 1
+            device = (ev.get("args") or {}).get("device", ev.get("pid"))
+            by_device.setdefault(device, []).append((start, start + dur, cls))
         elif name.startswith(STEP_PREFIX) and not cat.startswith("gpu_"):
             steps += 1
+    shared = dict.fromkeys(CLASSES, 0.0)
+    for spans in by_device.values():
+        for c, v in share_busy_time(spans).items():
+            shared[c] += v
     n = max(steps, 1)
-    out = {c: ClassTime(us[c] / 1e3 / n, count[c] / n) for c in CLASSES}
-    out["memory_bound"] = ClassTime(
-        sum(out[c].ms for c in MEMORY_BOUND), sum(out[c].launches for c in MEMORY_BOUND)
-    )
+    out = {c: ClassTime(shared[c] / 1e3 / n, count[c] / n, us[c] / 1e3 / n) for c in CLASSES}
+    out["memory_bound"] = _total(out, MEMORY_BOUND)
+    out["busy"] = _total(out, CLASSES)
     return out
+
+
+def _total(times: dict[str, ClassTime], classes: tuple[str, ...]) -> ClassTime:
+    return ClassTime(*(sum(getattr(times[c], f) for c in classes)
+                       for f in ("ms", "launches", "stream_ms")))  # fmt: skip

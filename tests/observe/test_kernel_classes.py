@@ -55,19 +55,20 @@ def test_each_kernel_lands_in_its_class(name):
     assert kernel_class(name) in CLASSES
 
 
-def _x(name, dur, cat="kernel", **args):
-    return {"ph": "X", "cat": cat, "name": name, "ts": 0.0, "dur": dur, "args": args}
+def _x(name, dur, cat="kernel", ts=0.0, **args):
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "args": args}
 
 
 def test_times_are_per_traced_step_and_memory_bound_sums_its_classes():
+    at = iter(range(0, 100_000, 10_000))  # one after another: no overlap
     trace = {"traceEvents": [
         _x("ProfilerStep#30", 9e3, cat="user_annotation"),
         _x("ProfilerStep#31", 9e3, cat="user_annotation"),
         _x("ProfilerStep#31", 9e3, cat="gpu_user_annotation"),  # the GPU mirror: not a step
-        _x("nvjet_tst_128x256", 4000.0), _x("nvjet_tst_64x8", 2000.0),
-        _x("triton_poi_fused_add_0", 600.0),
-        _x("void at::native::reduce_kernel<512, 1>(...)", 200.0),
-        _x("Memcpy HtoD (Pinned -> Device)", 100.0, cat="gpu_memcpy"),
+        _x("nvjet_tst_128x256", 4000.0, ts=next(at)), _x("nvjet_tst_64x8", 2000.0, ts=next(at)),
+        _x("triton_poi_fused_add_0", 600.0, ts=next(at)),
+        _x("void at::native::reduce_kernel<512, 1>(...)", 200.0, ts=next(at)),
+        _x("Memcpy HtoD (Pinned -> Device)", 100.0, cat="gpu_memcpy", ts=next(at)),
         _x("aten::mm", 5000.0, cat="cpu_op"),  # host op: not GPU time
     ]}  # fmt: skip
     t = kernel_times(trace)
@@ -75,6 +76,7 @@ def test_times_are_per_traced_step_and_memory_bound_sums_its_classes():
     assert t["inductor"].ms == 0.3 and t["reduction"].ms == 0.1
     assert t["other"].ms == 0.05 and t["triton"].ms == 0.0
     assert t["memory_bound"].ms == pytest.approx(0.4) and t["memory_bound"].launches == 1.0
+    assert t["busy"].ms == pytest.approx(3.45) == t["busy"].stream_ms
     with pytest.raises(ValueError, match="no traceEvents"):
         kernel_times({})
 
@@ -97,3 +99,31 @@ def test_our_cross_attention_kernels_count_as_cross_attention():
     launched = [k for k in kernels if f"{k}[" in source]  # helpers are inlined
     assert len(launched) >= 3, launched
     assert {k: kernel_class(k) for k in launched} == {k: "cross_attn" for k in launched}
+
+
+def test_overlapping_streams_share_their_time_and_classes_add_up_to_the_union():
+    """Two streams: a GEMM [0, 10) ms beside an Inductor kernel [4, 8) and a copy
+    [9, 12): the 12 ms of busy time, not the 17 of summed durations."""
+    trace = {"traceEvents": [
+        _x("nvjet_tst_128x256", 10e3, ts=0.0, stream=7),
+        _x("triton_poi_fused_add_0", 4e3, ts=4e3, stream=9),
+        _x("Memcpy DtoH", 3e3, cat="gpu_memcpy", ts=9e3, stream=9),
+    ]}  # fmt: skip
+    t = kernel_times(trace)
+    assert t["gemm"].ms == pytest.approx(4 + 2 + 1 + 0.5) and t["gemm"].stream_ms == 10.0
+    assert t["inductor"].ms == pytest.approx(2.0) and t["other"].ms == pytest.approx(2.5)
+    assert t["busy"].ms == pytest.approx(12.0) and t["busy"].stream_ms == pytest.approx(17.0)
+
+
+def test_shares_sum_to_the_trace_modules_union_on_random_spans():
+    import random
+
+    from freescale.observe.kernel_classes import share_busy_time
+    from freescale.observe.trace import _length, _union
+
+    rng = random.Random(0)
+    for _ in range(50):
+        spans = [(s := rng.uniform(0, 100), s + rng.choice([0.0, rng.uniform(0, 30)]),
+                  rng.choice(CLASSES)) for _ in range(rng.randint(0, 40))]  # fmt: skip
+        union = _length(_union([(a, b) for a, b, _ in spans if b > a]))
+        assert sum(share_busy_time(spans).values()) == pytest.approx(union, abs=1e-9)
