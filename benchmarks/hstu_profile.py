@@ -7,9 +7,10 @@ each between `cudaProfilerStart` / `Stop`, so that
         -o REPORT python3 -m benchmarks.hstu_profile --point 6
 
 profiles exactly the six kernels of those two steps (fwd, dq, dk/dv per
-variant), not the tuning launches. ``--point`` indexes the points of
-``scenarios/hstu-attention.toml``; ``--json`` writes the timings and kernel
-resources.
+variant), not the tuning launches (``--first-config``: no tuning at all, each
+kernel's first config, the one `tests/kernels/aot_compile.py` reads offline).
+``--point`` indexes the points of ``scenarios/hstu-attention.toml``;
+``--json`` writes the timings and kernel resources.
 """
 
 from __future__ import annotations
@@ -51,7 +52,14 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--point", type=int, default=6)
     ap.add_argument("--json", default=None)
+    ap.add_argument(
+        "--first-config",
+        action="store_true",
+        help="each kernel's first config, untuned (no autotuning compiles)",
+    )
     args = ap.parse_args()
+    if args.first_config:  # the tuner takes the first config under deterministic algorithms
+        torch.use_deterministic_algorithms(True)
     points = tomllib.loads((SCENARIOS / "hstu-attention.toml").read_text())["params"]["points"]
     point = {"lengths": "h200-21k", **points[args.point]}
     x = hstu.make_inputs(hstu.jagged(point, "h200-21k"), point["heads"], point["head_dim"],
