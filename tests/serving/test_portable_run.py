@@ -142,3 +142,17 @@ def test_eval_with_other_data_is_refused_naming_eval(run, tmp_path):
     line = proc.stderr.strip()
     assert line.startswith("freescale: error: eval: ") and "resume" not in line
     assert f"{other}:1: item 2 is not in the checkpoint's id map" in line
+
+
+def test_data_of_another_schema_is_one_line_naming_the_command():
+    from freescale import DataSchema
+    from freescale.serving.checkpoint import check_schema
+
+    saved, found = DataSchema.standard(30, 1), DataSchema.standard(30, 11)
+    check_schema(saved, saved, "sasrec:/x.txt", "eval")
+    with pytest.raises(ValueError) as e:
+        check_schema(saved, found, "movielens:/r.dat", "export")
+    assert str(e.value) == (
+        "export: movielens:/r.dat is not the run's data: uih.actions 11 rows, the checkpoint's "
+        "1 rows (a file elsewhere must hold the same schema)"
+    )
