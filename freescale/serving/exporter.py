@@ -5,13 +5,16 @@ Steps, each checkable on its own:
 1. the checkpoint passes every check ``--resume`` runs, then becomes the plain
    model's state dict in this process, whatever world size wrote it
    (`freescale.serving.checkpoint`);
-2. the run's factory builds the plain model from the data's schema; it loads
-   that state and goes to eval mode;
+2. the run's factory builds the plain model from the data's schema (the
+   checkpoint's record, `freescale.state.data_record`: no data file read);
+   it loads that state and goes to eval mode;
 3. `Program` wraps it behind the flat tensor signature
    (`freescale.serving.signature`), and `torch.export` traces it once over
-   an example batch of the run's data with every jagged dimension dynamic;
+   the example batch of the run's data the checkpoint keeps, with every
+   jagged dimension dynamic;
 4. ``OUT/model.pt2`` (`torch.export.save`), with ``aoti`` also
-   ``OUT/model_aoti.pt2`` (`torch._inductor.aoti_compile_and_package`), and
+   ``OUT/model_aoti.pt2`` (`torch._inductor.aoti_compile_and_package`),
+   ``OUT/ids/`` (the data's id maps, `freescale.data.ids`) and
    ``OUT/manifest.json``: the signature, the schema, the model and data
    options, the source checkpoint's SHA-256 and the files' own.
 
