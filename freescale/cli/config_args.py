@@ -27,13 +27,19 @@ def add_config_args(p: argparse.ArgumentParser, what: str = "override a config k
     )
 
 
-def add_code_args(p: argparse.ArgumentParser) -> None:
+def add_code_args(p: argparse.ArgumentParser, data_moves: bool = False) -> None:
     """``--model`` / ``--data``: code a checkpoint names, confirmed by the caller
-    (`freescale.serving.checkpoint.confirm_code`)."""
+    (`freescale.serving.checkpoint.confirm_code`); ``--data KIND:PATH`` of a
+    built-in kind also says where the run's data file is now."""
     p.add_argument("--model", help="the run's model factory package.module:name, when not "
                    "FreeScale's own (imported: name only code you trust)")  # fmt: skip
-    p.add_argument("--data", help="the run's data factory package.module:name, when not a "
-                   "built-in source (imported: name only code you trust)")  # fmt: skip
+    where = "where the run's data is now (e.g. sasrec:/data/my.txt: the same schema, any path"
+    where += ")" if data_moves else "; without it the checkpoint's own record is used)"
+    p.add_argument(
+        "--data",
+        help="the run's data factory package.module:name, when not a "
+        f"built-in source (imported: name only code you trust); or {where}",
+    )
 
 
 def config_from_args(args: argparse.Namespace, overrides: list[str]) -> TrainConfig:

@@ -131,7 +131,8 @@ def run_stats(args: argparse.Namespace) -> int:
             if available < 2:
                 raise ValueError(
                     f"{args.source} holds {len(source)} training samples = {available} global "
-                    f"batches of {args.world_size}x{b}; need at least 2"
+                    f"batches of --world-size {args.world_size} x --batch-size {b}; need at "
+                    "least 2: give a smaller --batch-size or --world-size"
                 )
             steps[b] = min(args.steps or available, available)
             read = steps[b] * args.world_size * b

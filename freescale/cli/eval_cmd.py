@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import replace
 
 from freescale.cli.config_args import add_code_args, notice
 from freescale.config import CheckpointSection, OutputSection, TrainConfig
 from freescale.config.files import load_config
+from freescale.data.source import schema_of
 from freescale.run.run_dir import in_run_dir
-from freescale.serving.checkpoint import confirm_code
+from freescale.serving.checkpoint import check_schema, confirm_code, relocated
 from freescale.state.checkpoint import find_checkpoint, read_manifest
+from freescale.state.data_record import data_file_sha256, schema_from_record
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -33,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="FILE.toml",
         help="the run's config file (e.g. runs/NAME/config.toml) instead of the checkpoint's",
     )
-    add_code_args(p)
+    add_code_args(p, data_moves=True)
     p.set_defaults(run=run_eval)
 
 
@@ -51,6 +54,7 @@ def run_eval(args: argparse.Namespace) -> int:
     saved = given or TrainConfig.from_dict(manifest["config"])
     if given is None:  # the checkpoint's config: it may not choose the code that runs
         confirm_code(saved, args.model, args.data, "eval")
+    saved = relocated(saved, args.data, found)  # --data: where the run's data is now
     cfg = replace(
         saved.with_values(
             checkpoint=CheckpointSection(resume=str(found)),
@@ -63,8 +67,22 @@ def run_eval(args: argparse.Namespace) -> int:
     from freescale.run.launch import launch
 
     check_launch(cfg)
-    check_data(cfg.data, cfg.run, cfg.run.nproc)
+    try:
+        source = check_data(cfg.data, cfg.run, cfg.run.nproc)
+    except ValueError as e:  # the line names the command that runs
+        raise ValueError(str(e) if str(e).startswith("eval:") else f"eval: {e}") from None
+    record = manifest.get("data")
+    if record is not None:
+        check_schema(schema_from_record(record["schema"]), schema_of(source), cfg.data.source,
+                     "eval")  # fmt: skip
+        digest = record.get("sha256")
+        if digest and data_file_sha256(cfg.data.source) not in (None, digest):
+            notice_line(f"{cfg.data.source} differs from the file the run read (SHA-256)")
     summary = launch(cfg, checked=True)
     if summary is not None:
         print(json.dumps({"command": "eval", "checkpoint": str(found), **summary}), flush=True)
     return 0
+
+
+def notice_line(text: str) -> None:
+    print(f"freescale eval: {text}", file=sys.stderr, flush=True)

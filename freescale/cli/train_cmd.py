@@ -65,7 +65,9 @@ def run_train(args: argparse.Namespace) -> int:
         open_data(cfg, cfg.run.nproc)  # bad data/config (run.epochs too): one line here
     summary = launch(cfg, checked=not under_torchrun())
     if summary is not None:
-        print(json.dumps({"command": "train", "preset": args.preset, **summary}), flush=True)
+        # the preset is only where the keys started: the model and data say what ran
+        ran = {"preset": args.preset, "model": cfg.model.factory, "data": cfg.data.source}
+        print(json.dumps({"command": "train", **ran, **summary}), flush=True)
     # Stopped by SIGTERM after a clean step (and checkpoint): the conventional 143.
     stopped = was_stopped() or (summary is not None and summary.get("stopped"))
     return EXIT_STOPPED if stopped else 0

@@ -29,7 +29,7 @@ _SAME_NAME = {
     "data": [
         f.name
         for f in fields(DataSection)
-        if f.name not in ("source", "options", "train_negatives")
+        if f.name not in ("source", "options", "train_negatives", "ids")
     ],
     "embeddings": [],
     "pipeline": [f.name for f in fields(PipelineSection)],

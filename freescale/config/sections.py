@@ -8,6 +8,7 @@ whole to the component that owns it (`freescale.config`).
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,10 +105,20 @@ class DataSection:
     eval_negatives: int = 100
     train_negatives: int = 4  # file data: uniform random negatives per training target
     options: dict[str, Any] = field(default_factory=dict)  # data.KEY=VALUE of a factory
+    # file data: a folder of id maps (`ids/` of a checkpoint, an export or `data convert`)
+    # the readers remap raw ids through, instead of in order of first appearance
+    ids: str = ""
 
     def __post_init__(self) -> None:
         """The data's own configs check the values (`synthetic_configs`); here
-        only what they do not: the options' form, the loader, finiteness."""
+        only what they do not: the options' form, the loader, finiteness.
+        A local file path is made absolute, so every record of the run names
+        the data from any directory."""
+        from freescale.data.source import absolute_source
+
+        object.__setattr__(self, "source", absolute_source(self.source))
+        if self.ids:
+            object.__setattr__(self, "ids", os.path.abspath(os.path.expanduser(self.ids)))
         if not isinstance(self.options, dict):
             raise ValueError("data options are set as data.KEY=VALUE, one key at a time")
         if self.loader_workers < -1:

@@ -42,8 +42,9 @@ from freescale.jagged.schema import DataSchema, Feature
 
 LIST_COLUMNS = ("items", "actions", "timestamps")
 MAX_ACTIONS = 1024  # an action table larger than this is almost surely a wrong column
-FEATURE_LEVELS = ("uih", "candidates")
-FEATURES_HELP = "data.features=NAME:LEVEL[:ROWS],... (LEVEL: uih or candidates)"
+FEATURE_LEVELS = ("uih", "candidates", "content")
+FEATURES_HELP = "data.features=NAME:LEVEL[:ROWS],... (LEVEL: uih, candidates or content)"
+CONTENT_SEP = ";"  # a CSV field of content lists: "1 2;3;;4 5" (one list per event)
 
 
 def parse_features(spec: str | Sequence[str] | None) -> tuple[tuple[str, str, int | None], ...]:
@@ -76,6 +77,11 @@ def parse_features(spec: str | Sequence[str] | None) -> tuple[tuple[str, str, in
             raise ValueError(f"data.features names {name}:{level} twice")
         if any(n == name and r != rows for n, _, r in out):
             raise ValueError(f"data.features: column {name!r} is given two different ROWS")
+        if any(n == name and "content" in (lv, level) for n, lv, _ in out):
+            raise ValueError(
+                f"data.features: column {name!r} at level content holds a list per event: "
+                "name it at that level only"
+            )
         out.append((name, level, rows))
     return tuple(out)
 
@@ -93,11 +99,15 @@ def _pyarrow() -> Any:
 
 
 def read_columns(
-    path: str | Path, fmt: str | None = None, features: str | Sequence[str] | None = None
+    path: str | Path,
+    fmt: str | None = None,
+    features: str | Sequence[str] | None = None,
+    ids: np.ndarray | None = None,
 ) -> SequenceDataset:
     """A Parquet file, or a CSV file with space-separated lists (``fmt``
     ``"parquet"`` or ``"csv"``; by default the file's suffix decides);
-    ``features``: the extra columns to carry (`parse_features`)."""
+    ``features``: the extra columns to carry (`parse_features`); ``ids``: a map
+    to remap item ids through (`freescale.data.readers.read_sasrec`)."""
     wanted = parse_features(features)
     path = check_file(path)
     pa = _pyarrow()
@@ -118,22 +128,32 @@ def read_columns(
     for c in ("items", *extra):
         if c not in table.column_names:
             raise DataFormatError(path, None, f"no {c!r} column (columns: {table.column_names})")
+    nested = [name for name, level, _ in wanted if level == "content"]
+    flat = [c for c in extra if c not in nested]
     read = [c for c in LIST_COLUMNS if c in table.column_names] + extra
     columns = {c: table.column(c).to_pylist() for c in read}
-    vocab, users = _Vocab(), []
+    vocab, users = _Vocab(path, ids), []
     first_row = 2 if csv_file else 1  # a CSV's row 1 is its header: rows are line numbers
     for r in range(table.num_rows):
         where = f"row {r + first_row}"
-        lists = {c: _as_ints(path, where, c, v[r], csv_file) for c, v in columns.items()}
-        users.append(_history(path, where, lists, vocab, extra))
+        lists = {
+            c: _as_ints(path, where, c, v[r], csv_file)
+            for c, v in columns.items()
+            if c not in nested
+        }
+        n = len(lists["items"])
+        contents = {c: _as_lists(path, where, c, columns[c][r], csv_file, n) for c in nested}
+        users.append(_history(path, where, lists, vocab, flat, contents))
+    raw = vocab.raw_ids()
     dataset = SequenceDataset(
         users,
-        len(vocab.index),
+        raw.size,
         1 + max((int(h.actions.max(initial=0)) for h in users), default=0),
         path.name,
+        item_ids=raw,
     )
     if wanted:
-        _add_features(path, dataset, wanted, list(vocab.index), first_row)
+        _add_features(path, dataset, wanted, raw.tolist(), first_row)
     return dataset
 
 
@@ -143,12 +163,14 @@ def _history(
     lists: dict[str, list[int]],
     vocab: _Vocab | None,
     extra: list[str],
+    contents: dict[str, list[list[int]]] | None = None,
 ) -> UserHistory:
     """One row: its columns checked, as one user's history in time order
-    (``vocab``: how raw item ids are remapped; None keeps them as given)."""
+    (``vocab``: how raw item ids are remapped; None keeps them as given;
+    ``contents``: the content-level columns, a list per event)."""
     items = lists["items"]
     n = len(items)
-    for c, values in lists.items():
+    for c, values in {**lists, **(contents or {})}.items():
         if len(values) != n:
             raise DataFormatError(path, where, f"{c} has {len(values)} values, items has {n}")
     actions = lists.get("actions", [0] * n)
@@ -164,7 +186,7 @@ def _history(
     if vocab is None:
         ids = np.asarray(items, dtype=np.int64).reshape(n)
     else:
-        ids = np.fromiter((vocab(i) for i in items), np.int64, n)
+        ids = np.fromiter((vocab(i, where) for i in items), np.int64, n)
     stamps = np.asarray(lists.get("timestamps", range(n)), dtype=np.int64).reshape(n)
     order = np.argsort(stamps, kind="stable") if "timestamps" in lists else np.arange(n)
     return UserHistory(
@@ -172,7 +194,32 @@ def _history(
         np.asarray(actions, dtype=np.int64).reshape(n)[order],
         stamps[order],
         {c: np.asarray(lists[c], dtype=np.int64).reshape(n)[order] for c in extra},
+        _content_lists(path, where, contents or {}, order),
     )
+
+
+def _content_lists(
+    path: Path | str, where: str, contents: dict[str, list[list[int]]], order: np.ndarray
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Each content column as (length per event, values), events in ``order``;
+    the columns share one length per event (one content segment per candidate)."""
+    out = {}
+    for c, per_event in contents.items():
+        lengths = np.fromiter((len(x) for x in per_event), np.int64, len(per_event))
+        if out:
+            first, (given, _) = next(iter(out.items()))
+            differ = np.flatnonzero(lengths[order] != given)
+            if differ.size:
+                k = int(order[differ[0]])
+                raise DataFormatError(
+                    path, where, f"{c} has {lengths[k]} values for event {k + 1}, {first} has "
+                    f"{given[differ[0]]} (content columns share one list length per event)",
+                )  # fmt: skip
+        values = [v for k in order.tolist() for v in per_event[k]]
+        if any(v < 0 for v in values):
+            raise DataFormatError(path, where, f"{c} value {min(values)} is negative")
+        out[c] = (lengths[order], np.asarray(values, dtype=np.int64))
+    return out
 
 
 def _add_features(
@@ -189,6 +236,9 @@ def _add_features(
     items = np.concatenate([h.items for h in dataset.users] or [np.zeros(0, np.int64)])
     out = []
     for name, level, rows in wanted:
+        if level == "content":
+            out.append(_add_content(path, dataset, name, rows, items, row_of, raw_ids))
+            continue
         values = np.concatenate(
             [h.features[name] for h in dataset.users] or [np.zeros(0, np.int64)]
         )
@@ -207,7 +257,56 @@ def _add_features(
             dataset.item_features[name] = _per_item(path, name, items, values, row_of, raw_ids)
     for h in dataset.users:  # only the uih-level columns stay on the histories
         h.features = {n: h.features[n] for n, lv, _ in wanted if lv == "uih"}
+        h.content = {}
     dataset.features = tuple(out)
+
+
+def _add_content(
+    path: Path,
+    dataset: SequenceDataset,
+    name: str,
+    rows: int | None,
+    items: np.ndarray,
+    row_of: np.ndarray,
+    raw_ids: list[int],
+) -> Feature:
+    """The content column ``name`` as ``item_content[name]`` (the list every
+    event of an item carries, by item id), its values checked against ROWS."""
+    empty = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+    held = [h.content[name] for h in dataset.users] or [empty]
+    lengths = np.concatenate([lengths for lengths, _ in held])
+    values = np.concatenate([v for _, v in held])
+    rows = int(values.max(initial=0)) + 1 if rows is None else rows
+    over = np.flatnonzero(values >= rows)
+    if over.size:
+        k = int(np.searchsorted(np.cumsum(lengths), over[0], side="right"))  # its event
+        bad = values[over[0]]
+        raise DataFormatError(
+            path,
+            f"row {row_of[k]}",
+            f"{name} value {bad} is outside 0..{rows - 1} (data.features {name}:{rows})",
+        )
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    first: dict[int, int] = {}
+    for k, item in enumerate(items.tolist()):
+        f = first.setdefault(item, k)
+        mine, theirs = values[starts[k] : starts[k + 1]], values[starts[f] : starts[f + 1]]
+        if f != k and not np.array_equal(mine, theirs):
+            raise DataFormatError(
+                path, f"row {row_of[k]}", f"{name} {mine.tolist()} for item {raw_ids[item]}, "
+                f"which has {name} {theirs.tolist()} in row {row_of[f]} (a content-level "
+                "feature is one list per item)",
+            )  # fmt: skip
+    per_item = np.zeros(len(raw_ids), dtype=np.int64)
+    firsts = np.fromiter(first.values(), np.int64, len(first))
+    seen = np.fromiter(first.keys(), np.int64, len(first))
+    per_item[seen] = lengths[firsts]
+    offsets = np.concatenate([[0], np.cumsum(per_item)])
+    table = np.zeros(int(offsets[-1]), dtype=np.int64)
+    for item, f in first.items():
+        table[offsets[item] : offsets[item + 1]] = values[starts[f] : starts[f + 1]]
+    dataset.item_content[name] = (offsets, table)
+    return Feature(name, "content", rows)
 
 
 def _per_item(
@@ -233,6 +332,26 @@ def _per_item(
             f"row {row_of[was]} (a candidates-level feature is one value per item)",
         )
     return table
+
+
+def _as_lists(
+    path: Path | str, where: str, column: str, value: Any, from_text: bool, n: int
+) -> list[list[int]]:
+    """A content column's field: a list of integer lists (a CSV field: lists of
+    space-separated integers joined by ``CONTENT_SEP``; empty with no event)."""
+    if value is None:
+        raise DataFormatError(path, where, f"{column} is empty (null)")
+    if from_text:
+        parts = value.split(CONTENT_SEP) if (value.strip() or n) else []
+        return [_as_ints(path, where, column, p, True) for p in parts]
+    if not isinstance(value, list):
+        raise DataFormatError(path, where, f"{column} is not a list column")
+    for v in value:
+        if not isinstance(v, list):
+            raise DataFormatError(
+                path, where, f"{column} value {v!r} is not a list (content: a list per event)"
+            )
+    return [_as_ints(path, where, column, v, False) for v in value]
 
 
 def _as_ints(path: Path | str, where: str, column: str, value: Any, from_text: bool) -> list[int]:

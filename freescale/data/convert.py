@@ -35,10 +35,15 @@ import numpy as np
 
 from freescale.data.columnar import _pyarrow, parse_features
 from freescale.data.events import convert_events
+from freescale.data.ids import ITEMS, LAYOUT_IDS, write_maps
 from freescale.data.parquet_files import PART, PART_RE, check_output, clear_output, list_array
 from freescale.data.progress import Progress
 from freescale.data.readers import SequenceDataset, check_file
 from freescale.data.source import READERS
+
+
+def _owned(name: str) -> bool:
+    return name == LAYOUT_IDS or PART_RE.fullmatch(name) is not None
 
 
 def convert(
@@ -73,7 +78,7 @@ def convert(
             "(a candidates-level one is a table over every item)"
         )
     check_file(path)
-    out = check_output(dst, PART_RE.fullmatch, force, "data convert")
+    out = check_output(dst, _owned, force, "data convert")
     progress = Progress(say, unit="user")
     progress(f"data convert: reading {spec}", force=True)
     dataset = READERS[kind](path, **({"features": features} if wanted else {}))
@@ -82,7 +87,7 @@ def convert(
         raise ValueError(f"data convert: {spec} holds no user")
     if files > users:
         raise ValueError(f"data convert: --files {files} > {users} users")
-    clear_output(out, PART_RE.fullmatch)
+    clear_output(out, _owned)
     metadata = {
         "freescale.num_items": str(dataset.num_items),
         "freescale.num_actions": str(dataset.num_actions),
@@ -99,6 +104,8 @@ def convert(
         events += _write_part(out / PART.format(k), dataset, lo, hi, row_group, metadata)
         groups += -(-(hi - lo) // row_group)
         progress(f"data convert: {k + 1}/{files} files", done=hi, total=users)
+    if dataset.item_ids is not None:  # the raw id of each row, for the runs on this layout
+        write_maps({ITEMS: dataset.item_ids}, out, LAYOUT_IDS)
     progress(f"data convert: {files}/{files} files, {users}/{users} users: done", force=True)
     return {
         "users": users,

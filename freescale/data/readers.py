@@ -40,6 +40,8 @@ class UserHistory:
     timestamps: np.ndarray  # int64 (SASRec: position in the file)
     # the data's own uih-level features: one int64 value per event, aligned with items
     features: dict[str, np.ndarray] = field(default_factory=dict)
+    # content-level columns while reading: (list length per event, the lists' values)
+    content: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
 
 @dataclass
@@ -47,7 +49,8 @@ class SequenceDataset:
     """Histories plus, optionally, extra features (`freescale.data.columnar`):
     ``features`` declares them (``uih`` level: ``UserHistory.features``;
     ``candidates`` level: an attribute of the item, ``item_features[name]``
-    holds its value for every item id)."""
+    holds its value for every item id; ``content`` level: a list per item,
+    ``item_content[name]`` = (offsets by item id, values): a candidate's content)."""
 
     users: list[UserHistory]
     num_items: int
@@ -55,14 +58,32 @@ class SequenceDataset:
     name: str
     features: tuple[Feature, ...] = ()
     item_features: dict[str, np.ndarray] = field(default_factory=dict)
+    item_content: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    # the raw id of each item row (`freescale.data.ids`); None: ids were taken as given
+    item_ids: np.ndarray | None = None
 
 
 class _Vocab:
-    def __init__(self) -> None:
-        self.index: dict[int, int] = {}
+    """Raw id -> row, in order of first appearance; or, ``given`` a map (raw ids
+    by row, `freescale.data.ids`), through it: an id it lacks is an error."""
 
-    def __call__(self, raw: int) -> int:
+    def __init__(self, path: Path | str = "", given: np.ndarray | None = None) -> None:
+        self.index: dict[int, int] = {}
+        self.path, self.fixed = path, given is not None
+        if given is not None:
+            self.index = {int(raw): row for row, raw in enumerate(given.tolist())}
+
+    def __call__(self, raw: int, where: int | str | None = None) -> int:
+        if self.fixed:
+            row = self.index.get(raw)
+            if row is None:
+                why = f"item {raw} is not in the checkpoint's id map ({len(self.index)} items)"
+                raise DataFormatError(self.path, where, why)
+            return row
         return self.index.setdefault(raw, len(self.index))
+
+    def raw_ids(self) -> np.ndarray:
+        return np.fromiter(self.index, np.int64, len(self.index))
 
 
 def check_file(path: str | Path) -> Path:
@@ -97,11 +118,12 @@ def parse_id(path: Path, where: int | str, what: str, text: str) -> int:
     return int(text)
 
 
-def read_sasrec(path: str | Path) -> SequenceDataset:
+def read_sasrec(path: str | Path, ids: np.ndarray | None = None) -> SequenceDataset:
     """A file of ``user item`` lines (whitespace separated), in chronological
-    order per user (the format SASRec and its successors ship)."""
+    order per user (the format SASRec and its successors ship); ``ids``: a map
+    to remap through (`_Vocab`)."""
     path = check_file(path)
-    vocab, users = _Vocab(), {}
+    vocab, users = _Vocab(path, ids), {}
     for line_no, line in text_lines(path):
         parts = line.split()
         if not parts:
@@ -110,17 +132,18 @@ def read_sasrec(path: str | Path) -> SequenceDataset:
             raise DataFormatError(path, line_no, f"expected 'user item', got {line.strip()!r}")
         user = parse_id(path, line_no, "user", parts[0])
         item = parse_id(path, line_no, "item", parts[1])
-        users.setdefault(user, []).append((vocab(item), 0, line_no))
-    return _dataset(users, len(vocab.index), path.name)
+        users.setdefault(user, []).append((vocab(item, line_no), 0, line_no))
+    return _dataset(users, vocab, path.name)
 
 
-def read_movielens(path: str | Path) -> SequenceDataset:
+def read_movielens(path: str | Path, ids: np.ndarray | None = None) -> SequenceDataset:
     """MovieLens ``ratings.dat`` (``user::movie::rating::timestamp``) or
     ``ratings.csv`` (header ``userId,movieId,rating,timestamp``).
     Histories are sorted by timestamp (stable); the action is the rating in
-    half stars (``RATING_RANGE`` is checked: 3.5 stars -> action 7)."""
+    half stars (``RATING_RANGE`` is checked: 3.5 stars -> action 7); ``ids``:
+    as `read_sasrec`'s."""
     path = check_file(path)
-    vocab, users = _Vocab(), {}
+    vocab, users = _Vocab(path, ids), {}
     lines = text_lines(path)
     if path.suffix == ".csv":
         header = next(lines, None)
@@ -144,10 +167,11 @@ def read_movielens(path: str | Path) -> SequenceDataset:
         u = parse_id(path, line_no, "user", user)
         i = parse_id(path, line_no, "movie", item)
         t = parse_id(path, line_no, "timestamp", ts)
-        users.setdefault(u, []).append((vocab(i), rating_action(path, line_no, rating), t))
+        event = (vocab(i, line_no), rating_action(path, line_no, rating), t)
+        users.setdefault(u, []).append(event)
     for events in users.values():
         events.sort(key=lambda e: e[2])
-    return _dataset(users, len(vocab.index), path.name)
+    return _dataset(users, vocab, path.name)
 
 
 def rating_action(path: Path, line_no: int, text: str) -> int:
@@ -165,10 +189,11 @@ def rating_action(path: Path, line_no: int, text: str) -> int:
     return round(half_stars)
 
 
-def _dataset(users: dict[int, list[tuple[int, int, int]]], num_items: int, name: str):
+def _dataset(users: dict[int, list[tuple[int, int, int]]], vocab: _Vocab, name: str):
     histories, top_action = [], 0
     for events in users.values():
         arr = np.asarray(events, dtype=np.int64).reshape(-1, 3)
         histories.append(UserHistory(arr[:, 0].copy(), arr[:, 1].copy(), arr[:, 2].copy()))
         top_action = max(top_action, int(arr[:, 1].max(initial=0)))
-    return SequenceDataset(histories, num_items, top_action + 1, name)
+    raw = vocab.raw_ids()
+    return SequenceDataset(histories, raw.size, top_action + 1, name, item_ids=raw)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from freescale.data.ids import ITEMS
 from freescale.data.readers import SequenceDataset, UserHistory
 from freescale.data.stream import SampleStream
 from freescale.data.synthetic import RawSample, samples_to_batch
@@ -30,6 +31,7 @@ from freescale.jagged.batch import SampleBatch
 from freescale.jagged.schema import DataSchema
 
 SPLITS = ("valid", "test")
+ItemContent = dict[str, tuple[np.ndarray, np.ndarray]]  # per feature: (offsets, values) by item
 EVAL_SEED = 0x5A5  # evaluation negatives: the same for every run, whatever its seed
 
 
@@ -83,6 +85,8 @@ class SequenceSource(SampleStream):
         self.num_actions = dataset.num_actions
         # the standard features plus the dataset's own (`freescale.data.columnar`)
         self.schema = DataSchema.standard(self.num_items, self.num_actions, dataset.features)
+        # the catalogue's own id of each row (`freescale.data.ids`), where the reader remapped
+        self.id_maps = {} if dataset.item_ids is None else {ITEMS: dataset.item_ids}
         index = []
         self.eval_users: list[int] = []
         self.users_dropped = 0  # too short for any training or evaluation sample
@@ -136,7 +140,7 @@ class SequenceSource(SampleStream):
         rng = np.random.default_rng([self.sampling.seed, p])
         return training_sample(
             self.dataset.users[u], t, self.sampling, self.num_items, rng,
-            self.dataset.item_features, max_uih,
+            self.dataset.item_features, max_uih, self.dataset.item_content,
         )  # fmt: skip
 
     def batch(self, step: int, rank: int, world_size: int, batch_size: int) -> SampleBatch:
@@ -165,8 +169,9 @@ class SequenceSource(SampleStream):
         u, t = self.eval_target(split, j)
         h = self.dataset.users[u]
         return evaluation_sample(
-            h, t, h.items, split, j, self.sampling, self.num_items, self.dataset.item_features
-        )
+            h, t, h.items, split, j, self.sampling, self.num_items, self.dataset.item_features,
+            self.dataset.item_content,
+        )  # fmt: skip
 
     def eval_batch(
         self, split: str, step: int, rank: int, world_size: int, batch_size: int
@@ -197,6 +202,7 @@ def evaluation_sample(
     s: SequenceSampling,
     num_items: int,
     item_features: dict[str, np.ndarray],
+    item_content: ItemContent | None = None,
 ) -> RawSample:
     """Evaluated user ``j``'s sample of ``split``: UIH = the (at most ``max_uih``)
     events of ``h`` before its target ``t``; candidates = the target plus
@@ -208,7 +214,7 @@ def evaluation_sample(
     cand = np.concatenate([h.items[t : t + 1], neg])
     labels = np.zeros(cand.size)
     labels[0] = 1.0
-    return history_sample(h, lo, t, cand, labels, item_features)
+    return history_sample(h, lo, t, cand, labels, item_features, item_content)
 
 
 def training_targets(n: int, s: SequenceSampling) -> range:
@@ -226,6 +232,7 @@ def training_sample(
     rng: np.random.Generator,
     item_features: dict[str, np.ndarray],
     max_uih: int | None = None,
+    item_content: ItemContent | None = None,
 ) -> RawSample:
     """The training sample of ``h`` at target ``t`` (`SequenceSampling`), its
     negatives drawn from ``rng``."""
@@ -235,7 +242,7 @@ def training_sample(
     order = rng.permutation(pos.size + neg.size)
     cand = np.concatenate([pos, neg])[order]
     labels = np.concatenate([np.ones(pos.size), np.zeros(neg.size)])[order]
-    return history_sample(h, lo, t, cand, labels, item_features)
+    return history_sample(h, lo, t, cand, labels, item_features, item_content)
 
 
 def history_sample(
@@ -245,21 +252,31 @@ def history_sample(
     cand: np.ndarray,
     labels: np.ndarray,
     item_features: dict[str, np.ndarray],
+    item_content: ItemContent | None = None,
 ) -> RawSample:
     """The sample of history ``h``: UIH = events ``[lo, t)``, every per-event
-    feature sliced with the items; a candidate's features are its item's."""
+    feature sliced with the items; a candidate's features are its item's, and
+    so is its content (``item_content``: each content feature's (offsets,
+    values) by item; ``content_ids`` then names the candidate's own item once
+    per content item, so every content feature shares one segment per candidate)."""
     cand = cand.astype(np.int64)
+    lengths, gathered = np.zeros(cand.size, dtype=np.int64), {}
+    for name, (offsets, values) in (item_content or {}).items():
+        lengths = offsets[cand + 1] - offsets[cand]
+        within = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        gathered[name] = values[np.repeat(offsets[cand], lengths) + within]
     return RawSample(
         uih_ids=h.items[lo:t],
         actions=h.actions[lo:t],
         timestamps=h.timestamps[lo:t],
         cand_ids=cand,
         labels=labels.astype(np.float32),
-        content_lengths=np.zeros(cand.size, dtype=np.int64),
-        content_ids=np.zeros(0, dtype=np.int64),
+        content_lengths=lengths,
+        content_ids=np.repeat(cand, lengths),
         dense=np.zeros(0, dtype=np.float32),
         uih_features={name: values[lo:t] for name, values in h.features.items()},
         cand_features={name: table[cand] for name, table in item_features.items()},
+        content_features=gathered,
     )
 
 

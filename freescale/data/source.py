@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from functools import partial
 from typing import Any, Protocol
 
 from freescale.data.columnar import read_columns
+from freescale.data.ids import ITEMS, read_maps
 from freescale.data.parquet_stream import OPTIONS as STREAM_OPTIONS
 from freescale.data.readers import read_movielens, read_sasrec
 from freescale.data.sequences import SequenceSampling, SequenceSource
@@ -65,6 +67,7 @@ def open_source(
     synthetic: SyntheticConfig | None = None,
     sampling: SequenceSampling | None = None,
     options: Mapping[str, Any] | None = None,
+    ids: str = "",
 ) -> DataSource:
     """``synthetic`` | ``sasrec:PATH`` | ``movielens:PATH`` (ratings.dat or .csv) |
     ``parquet:PATH`` | ``csv:PATH`` (one row per user with list columns; needs pyarrow) |
@@ -72,7 +75,9 @@ def open_source(
     a split directory: `freescale.data.split_source`).
 
     ``options``: the source's ``data.KEY=VALUE`` options (`OPTIONS`; Parquet
-    and CSV take ``features``, `freescale.data.columnar`); any other is an error."""
+    and CSV take ``features``, `freescale.data.columnar`); any other is an error.
+    ``ids``: a folder of id maps (`freescale.data.ids`) the file readers remap
+    item ids through instead of by first appearance."""
     kind, _, path = spec.partition(":")
     if not ((kind == "synthetic" and not path) or (kind in (*READERS, *STREAMS) and path)):
         raise ValueError(f"unknown data source {spec!r}: use 'synthetic' or one of {FILE_SPECS}")
@@ -82,12 +87,35 @@ def open_source(
     if unknown:
         takes = ", ".join(f"data.{k}" for k in known) if known else "no data.* options"
         raise ValueError(f"data={spec!r} takes {takes}; got data.{unknown[0]}")
+    if ids and kind not in READERS:
+        raise ValueError(
+            f"data.ids remaps the ids of {', '.join(READERS)} files; data={spec!r} takes its "
+            "ids as given"
+        )
     if kind == "synthetic":
         return SyntheticSource(synthetic)
     if kind in STREAMS:
         num_items = (synthetic or SyntheticConfig()).num_items
         return STREAMS[kind](path, sampling, num_items=num_items, **options)
-    return SequenceSource(READERS[kind](path, **options), sampling)
+    given = read_maps(ids).get(ITEMS) if ids else None
+    if ids and given is None:
+        raise ValueError(f"data.ids={ids!r} holds no {ITEMS} map (ids/{ITEMS}.npy)")
+    return SequenceSource(READERS[kind](path, **options, ids=given), sampling)
+
+
+def absolute_source(spec: str) -> str:
+    """``spec`` with a local file path made absolute (a run's records then
+    name the data wherever they are read); other specs as they are."""
+    kind, _, path = spec.partition(":")
+    if kind not in (*READERS, *STREAMS) or not path or "://" in path:
+        return spec
+    return f"{kind}:{os.path.abspath(os.path.expanduser(path))}"
+
+
+def id_maps(source: Any) -> dict[str, Any]:
+    """``{table: raw ids by row}`` a source remapped its ids with (empty: none)."""
+    maps = getattr(source, "id_maps", None)
+    return dict(maps) if maps else {}
 
 
 def schema_of(source: DataSource) -> DataSchema:

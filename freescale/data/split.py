@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from freescale.data.columnar import MAX_ACTIONS, _pyarrow
+from freescale.data.ids import LAYOUT_IDS, copy_maps
 from freescale.data.parquet_files import (
     OPTIONAL,
     PART,
@@ -66,7 +67,7 @@ PARTS = {"train": "train", "valid": "validation", "test": "test"}  # split -> di
 MARKER = "_split.json"
 LATER = "later_items"  # validation rows: the items after the target (the test item)
 FORMAT = "freescale-split/1"
-OWNED = {*PARTS.values(), MARKER}
+OWNED = {*PARTS.values(), MARKER, LAYOUT_IDS}
 LIMITS = ("--num-items / freescale.num_items", "--num-actions / freescale.num_actions")
 
 
@@ -193,6 +194,7 @@ def split(
         "columns": [*files.columns],
         **totals,
     }
+    copy_maps(spec, out)  # the raw ids of SRC's rows, once, for the stream on DST
     tmp = out / f".{MARKER}.tmp"
     tmp.write_text(json.dumps(summary, indent=1) + "\n")
     os.replace(tmp, out / MARKER)

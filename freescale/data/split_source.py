@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from freescale.data.columnar import _pyarrow
+from freescale.data.ids import LAYOUT_IDS, read_maps
 from freescale.data.parquet_files import scan_files
 from freescale.data.parquet_stream import ParquetStreamSource
 from freescale.data.readers import DataFormatError, UserHistory
@@ -42,8 +44,11 @@ def open_stream(
 ) -> ParquetStreamSource:
     """``parquet-stream:spec``: a `SplitStreamSource` on a split directory, else the stream."""
     if read_marker(spec) is not None:
-        return SplitStreamSource(spec, sampling, num_items, **options)
+        source = SplitStreamSource(spec, sampling, num_items, **options)
+        source.id_maps = read_maps(spec, LAYOUT_IDS)  # written by data convert, kept by split
+        return source
     source = ParquetStreamSource(spec, sampling, num_items, **options)
+    source.id_maps = read_maps(spec, LAYOUT_IDS) if Path(spec).is_dir() else {}
     part = source.files.metadata.get("freescale.split")
     if part:
         raise ValueError(

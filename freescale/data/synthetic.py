@@ -87,6 +87,7 @@ class RawSample:
     # (aligned with ``uih_ids``) and per candidate (aligned with ``cand_ids``)
     uih_features: dict[str, np.ndarray] = field(default_factory=dict)
     cand_features: dict[str, np.ndarray] = field(default_factory=dict)
+    content_features: dict[str, np.ndarray] = field(default_factory=dict)  # with content_ids
 
 
 class GroundTruth:
@@ -200,7 +201,7 @@ def samples_to_batch(
     extra: Sequence[Feature] = (),
 ) -> SampleBatch:
     """Stack host samples into one `SampleBatch` (int64 ids, float32 labels);
-    ``extra``: the uih- and candidates-level features the samples carry
+    ``extra``: the uih-, candidates- and content-level features the samples carry
     (present, empty, in a batch of no samples too)."""
 
     def cat(arrays: list[np.ndarray], dtype: torch.dtype) -> torch.Tensor:
@@ -238,7 +239,14 @@ def samples_to_batch(
     )
     content = JaggedFeatures(
         offsets(np.concatenate([s.content_lengths for s in samples]) if samples else []),
-        {CONTENT_IDS: cat([s.content_ids for s in samples], i64)},
+        {
+            CONTENT_IDS: cat([s.content_ids for s in samples], i64),
+            **{
+                f.name: cat([s.content_features[f.name] for s in samples], i64)
+                for f in extra
+                if f.level == "content"
+            },
+        },
     )
     dense = None
     if dense_dim:

@@ -54,7 +54,7 @@ def make_source(data: DataSection | TrainConfig, seed: int = 0) -> DataSource:
             )
         return source
     synthetic, sampling = data.synthetic_configs(seed)
-    return open_source(data.source, synthetic, sampling, data.options)
+    return open_source(data.source, synthetic, sampling, data.options, data.ids)
 
 
 def check_data(

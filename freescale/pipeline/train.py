@@ -96,7 +96,7 @@ class Trainer:
             cfg.checkpoint, cfg.as_dict(), group, self.world, run.batch_size,
             self.sparse.table_entries,
             {**replicated, "balancer": self.balance} if self.balance else replicated,
-            self.schedule.flush, self.evaluator.best,  # keep_best: checkpointed too
+            self.schedule.flush, self.evaluator.best, self.source,  # keep_best: checkpointed too
         )  # fmt: skip
         self.faults = Faults(cfg.faults, self.rank, device)
         self.profiler, self.schedule_name = profiler, self.sparse.schedule_name

@@ -68,7 +68,8 @@ def check_launch(cfg: TrainConfig, model_given: bool = False) -> None:
     kind, _, path = cfg.data.source.partition(":")
     # (a streamed source takes directories, globs, URLs: it checks them itself, in check_data)
     if kind in BUILTIN_KINDS and kind not in STREAMS and path and not Path(path).is_file():
-        raise ValueError(f"data file {path!r} ({kind}) does not exist or is not a file")
+        hint = f"; point at it with --data {kind}:PATH" if cfg.eval_only else ""
+        raise ValueError(f"data file {path!r} ({kind}) does not exist or is not a file{hint}")
     if not cfg.model.builtin and not model_given:
         load_object(cfg.model.factory, "model")  # importable, before any rank starts
     for key in ("metrics_path", "trace_path"):

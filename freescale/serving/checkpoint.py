@@ -26,11 +26,16 @@ import torch
 from torch import Tensor, nn
 
 from freescale.config import BUILTIN_MODEL, TrainConfig
-from freescale.data.source import BUILTIN_KINDS
+from freescale.data.ids import IDS, ITEMS
+from freescale.data.source import BUILTIN_KINDS, READERS, id_maps, schema_of
 from freescale.embedding.state.dcp_safe import SafeReader, read_metadata
+from freescale.jagged.batch import SampleBatch
+from freescale.jagged.schema import DataSchema
 from freescale.models.contract import load_object
+from freescale.pipeline.setup import make_source
 from freescale.state.checkpoint import find_checkpoint, read_manifest
 from freescale.state.checkpoint_files import BEST, MANIFEST, TABLES, read_checked, sha256_file
+from freescale.state.data_record import example_batch, recorded
 
 # Factories a checkpoint may name: code FreeScale ships. Any other must be
 # named by the caller (a checkpoint never decides what code runs).
@@ -65,6 +70,8 @@ def confirm_code(config: TrainConfig, model: str | None, data: str | None, comma
         ("data", config.data.source, data, config.data.source.partition(":")[0] in BUILTIN_KINDS),
     )
     for key, saved, given, shipped in named:
+        if key == "data" and shipped and given is not None and is_builtin(given):
+            continue  # where the run's data is now: a location, checked for its schema
         if given is None and not shipped:
             raise ValueError(
                 f"{command}: the checkpoint was trained with {key}={saved}; name it (--{key} "
@@ -75,6 +82,61 @@ def confirm_code(config: TrainConfig, model: str | None, data: str | None, comma
             raise ValueError(
                 f"{command}: the checkpoint was trained with {key}={saved}, not {given}"
             )
+
+
+def is_builtin(spec: str) -> bool:
+    return spec.partition(":")[0] in BUILTIN_KINDS
+
+
+def relocated(config: TrainConfig, data: str | None, checkpoint: Path) -> TrainConfig:
+    """``config`` reading its data from ``data`` (a built-in spec: where the run's
+    data is now; None: where it was) through the checkpoint's id maps, so the
+    file's raw ids land on the rows the model was trained with."""
+    source = data if data is not None and is_builtin(data) else config.data.source
+    ids = str(checkpoint / IDS) if (checkpoint / IDS / f"{ITEMS}.npy").is_file() else ""
+    if source.partition(":")[0] not in READERS:
+        ids = ""
+    return config.with_values(data__source=source, data__ids=ids)
+
+
+def check_schema(saved: DataSchema, found: DataSchema, spec: str, command: str) -> None:
+    """One line unless the data at ``spec`` has the checkpoint's schema."""
+    if found == saved:
+        return
+    was = {f.key: f.rows for f in saved.features}
+    now = {f.key: f.rows for f in found.features}
+    key = next((k for k in [*was, *now] if was.get(k, -1) != now.get(k, -1)), "dense_dim")
+
+    def said(m: dict) -> str:
+        return "none" if key not in m else f"{m[key]} rows" if m[key] else "present"
+
+    raise ValueError(
+        f"{command}: {spec} is not the run's data: {key} {said(now)}, the checkpoint's "
+        f"{said(was)} (a file elsewhere must hold the same schema)"
+    )
+
+
+def export_data(
+    checkpoint: Path, manifest: dict[str, Any], config: TrainConfig, data: Any
+) -> tuple[DataSchema, SampleBatch, dict[str, Any]]:
+    """(schema, example batch, id maps) an export of ``checkpoint`` is made from:
+    its own record, no data file read, unless ``data`` is given (a
+    `DataSource`, the run's ``module:factory``, or a built-in spec naming where
+    the run's data is now) or the checkpoint predates the record."""
+    record = recorded(checkpoint, manifest)
+    if data is None and record is not None and record["example"] is not None:
+        return record["schema"], record["example"], record["maps"]
+    if data is None or isinstance(data, str):
+        confirm_code(config, config.model.factory, data, "export")  # the data only
+        moved = relocated(config, data, checkpoint)
+        source, spec = make_source(moved), moved.data.source
+    else:
+        source, spec = data, type(data).__name__
+    schema = schema_of(source)
+    if record is not None:
+        check_schema(record["schema"], schema, spec, "export")
+    maps = id_maps(source) or (record["maps"] if record is not None else {})
+    return schema, example_batch(source, config.run.batch_size), maps
 
 
 def model_factory(config: TrainConfig, given: Any = None) -> Any:

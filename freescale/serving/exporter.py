@@ -5,13 +5,16 @@ Steps, each checkable on its own:
 1. the checkpoint passes every check ``--resume`` runs, then becomes the plain
    model's state dict in this process, whatever world size wrote it
    (`freescale.serving.checkpoint`);
-2. the run's factory builds the plain model from the data's schema; it loads
-   that state and goes to eval mode;
+2. the run's factory builds the plain model from the data's schema (the
+   checkpoint's record, `freescale.state.data_record`: no data file read);
+   it loads that state and goes to eval mode;
 3. `Program` wraps it behind the flat tensor signature
    (`freescale.serving.signature`), and `torch.export` traces it once over
-   an example batch of the run's data with every jagged dimension dynamic;
+   the example batch of the run's data the checkpoint keeps, with every
+   jagged dimension dynamic;
 4. ``OUT/model.pt2`` (`torch.export.save`), with ``aoti`` also
-   ``OUT/model_aoti.pt2`` (`torch._inductor.aoti_compile_and_package`), and
+   ``OUT/model_aoti.pt2`` (`torch._inductor.aoti_compile_and_package`),
+   ``OUT/ids/`` (the data's id maps, `freescale.data.ids`) and
    ``OUT/manifest.json``: the signature, the schema, the model and data
    options, the source checkpoint's SHA-256 and the files' own.
 
@@ -41,31 +44,29 @@ import contextlib
 import json
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 import freescale
 from freescale.config import TrainConfig
-from freescale.data.source import schema_of
+from freescale.data.ids import IDS, write_maps
 from freescale.jagged.batch import SampleBatch
 from freescale.jagged.schema import DataSchema
-from freescale.jagged.tensor import JaggedFeatures
 from freescale.models.attention_op import exported_attention
 from freescale.models.contract import check_model
-from freescale.pipeline.setup import make_source
 from freescale.serving import checkpoint as ck
 from freescale.serving.aoti import CompileError, compile_package
 from freescale.serving.failure import ExportError, explain
 from freescale.serving.signature import Signature
 from freescale.state.checkpoint_files import sha256_file
+from freescale.state.data_record import schema_record
 
 PROGRAM, PACKAGE, MANIFEST = "model.pt2", "model_aoti.pt2", "manifest.json"
 FORMAT = 1
-EXAMPLE_SAMPLES = 8  # samples of the example batch the program is traced on
 
 
 AMPS = ("none", "bf16")
@@ -133,12 +134,10 @@ def export(
     config = TrainConfig.from_dict(manifest["config"])
     amp = run_amp(amp, config, device)
     factory = ck.model_factory(config, model)
-    source = _source(config, data)
-    schema = schema_of(source)
+    schema, example, maps = ck.export_data(found, manifest, config, data)
     plain = _build(factory, schema, config.model.options)
     chosen = ck.chosen_weights(found, trainer, weights)
     plain.load_state_dict(ck.plain_state(found, trainer, plain, chosen))
-    example = example_batch(source, config.run.batch_size)
     source_record = {
         "checkpoint": str(found),
         "manifest_sha256": ck.manifest_sha256(found),
@@ -153,7 +152,8 @@ def export(
     options = {k: manifest["config"].get(k) for k in ("model", "data")}
     extra = {"source": source_record, "config": options}
     return export_model(plain, example, out, schema=schema, device=device, dynamic=dynamic,
-                        aoti=aoti, attention=attention, amp=amp, extra=extra, say=say)  # fmt: skip
+                        aoti=aoti, attention=attention, amp=amp, extra=extra, say=say,
+                        ids=maps)  # fmt: skip
 
 
 def export_model(
@@ -169,10 +169,12 @@ def export_model(
     amp: str = "none",
     extra: dict[str, Any] | None = None,
     say: Callable[[str], None] | None = None,
+    ids: dict[str, np.ndarray] | None = None,
 ) -> Path:
     """Export a plain ``model`` (its current weights) traced on ``example``;
     ``attention``: ``jagged`` or ``padded``, ``amp``: ``none`` or ``bf16`` (the
-    module docstring); ``say``: progress lines."""
+    module docstring); ``say``: progress lines; ``ids``: the data's id maps
+    (`freescale.data.ids`), so the served program takes the catalogue's ids."""
     say = say or (lambda msg: None)
     _check_amp(amp, AMPS)
     out = Path(out)
@@ -187,7 +189,7 @@ def export_model(
         program = trace(model, signature, example, dynamic, amp)
     torch.export.save(program, out / PROGRAM)
     say(f"{out / PROGRAM} written in {time.perf_counter() - start:.1f} s")
-    files, inductor, failed = [PROGRAM], None, None
+    files, inductor, failed = [PROGRAM, *write_maps(ids or {}, out)], None, None
     if aoti:  # in a child process (`freescale.serving.aoti`): a crash there is one paragraph
         say("compiling the AOTInductor package in a child process (minutes)")
         start = time.perf_counter()
@@ -209,10 +211,11 @@ def export_model(
         "model_class": f"{type(model).__module__}:{type(model).__qualname__}",
         "inputs": signature.inputs(),
         "signature": signature.as_dict(),
-        "schema": None if schema is None else _schema_record(schema),
+        "schema": None if schema is None else schema_record(schema),
         "output": "float32 [C]: one logit per candidate, in the candidates' order",
         "aoti_inductor_configs": inductor,
         "aoti_error": failed,
+        "ids": {table: f"{IDS}/{table}.npy" for table in sorted(ids or {})},
         **(extra or {}),
         "files": {name: [(out / name).stat().st_size, sha256_file(out / name)] for name in files},
     }
@@ -243,49 +246,6 @@ def trace(
         raise explain(e, model) from None
 
 
-def example_batch(source: Any, batch_size: int) -> SampleBatch:
-    """A batch of the run's data with at least 2 of everything the program keeps
-    dynamic (a size of 0 or 1 would be specialized by the tracer)."""
-    parts, step = [], 0
-    while True:
-        parts.append(source.batch(step, 0, 1, max(EXAMPLE_SAMPLES, min(batch_size, 64))))
-        batch = SampleBatch.concat(parts)
-        sizes = _dynamic_sizes(batch)
-        if min(sizes.values()) >= 2:
-            return batch
-        step += 1
-        if step == 4:
-            few = {k for k, v in sizes.items() if v < 2}
-            if few == {"content items"} and batch.num_candidates_total >= 2:
-                return _with_content(batch)
-            named = ", ".join(f"{k} ({sizes[k]})" for k in sorted(few))
-            raise ValueError(f"export: the data's first batches have too few {named} to trace on")
-
-
-def _with_content(batch: SampleBatch) -> SampleBatch:
-    """``batch`` with one content item (id 0 of each content feature) for each of
-    its first two candidates: data without content (a SASRec file) still traces a
-    program dynamic in them, which then serves its batches with none."""
-    n = batch.num_candidates_total
-    lengths = torch.zeros(n, dtype=torch.int64, device=batch.content.offsets.device)
-    lengths[:2] = 1
-    offsets = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
-    features = {
-        name: values.new_zeros((2, *values.shape[1:]))
-        for name, values in batch.content.features.items()
-    }
-    return replace(batch, content=JaggedFeatures(offsets, features))
-
-
-def _dynamic_sizes(batch: SampleBatch) -> dict[str, int]:
-    return {
-        "samples": batch.batch_size,
-        "history tokens": batch.uih.offsets[-1].item(),
-        "candidates": batch.num_candidates_total,
-        "content items": batch.content.offsets[-1].item(),
-    }
-
-
 @contextlib.contextmanager
 def _size_oblivious() -> Iterator[None]:
     """Backed sizes in [0, inf) without 0/1 guards (torch >= 2.7; a no-op before)."""
@@ -297,15 +257,6 @@ def _size_oblivious() -> Iterator[None]:
         yield
 
 
-def _source(config: TrainConfig, data: Any) -> Any:
-    """``data`` (a source object), else the source the checkpoint's config
-    describes: a built-in kind, or a ``module:factory`` that ``data`` names."""
-    if data is not None and not isinstance(data, str):
-        return data
-    ck.confirm_code(config, config.model.factory, data, "export")  # the data only
-    return make_source(config)
-
-
 def _build(factory: Any, schema: DataSchema, options: dict[str, Any]) -> nn.Module:
     try:
         built = factory(schema, **options)
@@ -313,7 +264,3 @@ def _build(factory: Any, schema: DataSchema, options: dict[str, Any]) -> nn.Modu
         raise ValueError(f"export: factory(schema, **model options) failed: {e}") from None
     check_model(built, "export")
     return built
-
-
-def _schema_record(schema: DataSchema) -> dict[str, Any]:
-    return {"features": [asdict(f) for f in schema.features], "dense_dim": schema.dense_dim}

@@ -152,19 +152,23 @@ def check_resumable(resume: str, config: dict[str, Any], verify: bool = True) ->
 
     ``verify``: also check every file (sizes, SHA-256, plain content; seconds
     per 10 GB). The launcher does; the ranks check again, sharing the work,
-    in `Checkpointer.load`.
+    in `Checkpointer.load`. An evaluation (``eval_only``) may read its data
+    from another path (`freescale eval --data`, its schema checked there).
     """
+    evaluating = bool(config.get("eval_only"))
+    command = "eval" if evaluating else "resume"
     found = find_checkpoint(resume)
     if found is None:
-        raise ValueError(f"resume: no complete checkpoint in {resume!r}")
+        raise ValueError(f"{command}: no complete checkpoint in {resume!r}")
     manifest = read_manifest(found)
     saved, this = flat_config(manifest["config"]), flat_config(config)
-    diff = [k for k in SAME_RUN_KEYS if saved[k] != this[k]]
+    keys = [k for k in SAME_RUN_KEYS if not (evaluating and k == "data.source")]
+    diff = [k for k in keys if saved[k] != this[k]]
     if diff:
         pairs = ", ".join(f"{k}={saved[k]!r} (this run: {this[k]!r})" for k in diff)
-        raise ValueError(f"resume: {found} was written with {pairs}")
+        raise ValueError(f"{command}: {found} was written with {pairs}")
     steps = this["run.steps"]
-    if manifest["step"] >= steps and not config.get("eval_only"):
+    if manifest["step"] >= steps and not evaluating:
         raise ValueError(f"resume: {found} is at step {manifest['step']}; run.steps={steps}")
     if verify:
         read_checked(found, manifest, range(manifest["world_size"]), manifest["files"])
@@ -183,10 +187,18 @@ class Checkpointer:
     """Save and restore a trainer's state (all ranks call every method)."""
 
     def __init__(
-        self, directory: str, every: int, keep: int, config: dict[str, Any], group: Any = None
+        self,
+        directory: str,
+        every: int,
+        keep: int,
+        config: dict[str, Any],
+        group: Any = None,
+        data: Any = None,
     ) -> None:
+        """``data``: the run's `freescale.state.data_record.DataRecord` (None: no record)."""
         self.directory = Path(directory) if directory else None
         self.every, self.keep, self.config, self.group = every, keep, config, group
+        self.data = data
         values = {k: v for k, v in config.items() if k != "eval_only"}  # no key: a command's
         self.config_text = toml_text(values) if self.directory else ""
         self.rank = dist.get_rank() if dist.is_initialized() else 0
@@ -230,9 +242,12 @@ class Checkpointer:
         if best is not None:
             save_tables(best, partial / BEST, process_group=self.group)
         write_plain({"rng": rng_state()}, partial / f"rank{self.rank}.pt")
+        data = None
         if self.rank == 0:
             write_plain({k: v.state_dict() for k, v in replicated.items()}, partial / "trainer.pt")
             (partial / CONFIG).write_text(self.config_text)
+            if self.data is not None:
+                data = self.data.write(partial)
         self._barrier()  # every rank's files are on disk
         files = self._digests(partial)
         if self.rank == 0:
@@ -245,6 +260,8 @@ class Checkpointer:
                 "config": tomllib.loads(self.config_text),  # the config.toml's values
                 "files": files,
             }
+            if data is not None:  # where the data was, its schema, example and id maps
+                manifest["data"] = data
             with open(partial / MANIFEST, "w") as f:
                 f.write(json.dumps(manifest))
                 f.flush()

@@ -107,6 +107,7 @@ def check_manifest(manifest: Any, where: Path) -> None:
         and world >= 1
         and _segments_ok(manifest.get("segments", [[0, world]]), step, world)
         and isinstance(manifest.get("config"), dict)
+        and isinstance(manifest.get("data", {}), dict)
         and isinstance(files, dict)
         and all(_entry_ok(k, v) for k, v in files.items())
     )

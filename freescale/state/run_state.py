@@ -22,6 +22,7 @@ from freescale.state.checkpoint import (
     find_checkpoint,
     read_manifest,
 )
+from freescale.state.data_record import DataRecord
 from freescale.state.position import DataPosition, resume_record, resumed_source
 
 # ``checkpoint.resume=auto``: the newest complete checkpoint in ``checkpoint.dir``
@@ -62,12 +63,18 @@ class RunState:
         replicated: dict[str, Any],
         flush: Any,
         best: Any = None,  # (best.py imports this module's `DenseState`)
+        source: Any = None,  # the run's data source: its part of every checkpoint (`DataRecord`)
     ) -> None:
         self.section, self.config = section, config
         self.world, self.batch_size = world, batch_size
         self.tables, self.flush, self.best = tables, flush, best
         self.replicated = {**replicated, "best": best} if best is not None else replicated
-        self.checkpoints = Checkpointer(section.dir, section.every, section.keep, config, group)
+        data = None
+        if source is not None:
+            data = DataRecord(source, config["data"]["source"], batch_size)
+        self.checkpoints = Checkpointer(
+            section.dir, section.every, section.keep, config, group, data
+        )
         self.group = group
         # Where training starts in the data (`restore` moves it), and how it continues.
         self.position = DataPosition(world_size=world)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import subprocess
 import sys
@@ -129,7 +130,8 @@ def test_sections_keys_and_factory_options():
         ["run.mode=sdd", "data=sasrec:x.txt", "data.extra=[1, 2]", "model.dim=64",
          "balance=fbs", "dense.graphs=false", "embeddings.lr=0.1"],
     )  # fmt: skip
-    assert cfg.run.mode == "sdd" and cfg.data.source == "sasrec:x.txt"
+    # a data file's path is recorded absolutely: the run's records name it from anywhere
+    assert cfg.run.mode == "sdd" and cfg.data.source == f"sasrec:{os.path.abspath('x.txt')}"
     assert cfg.data.options == {"extra": [1, 2]}
     assert cfg.model.factory == BUILTIN_MODEL
     assert cfg.model.options == {"dim": 64, "heads": 2, "layers": 1}

@@ -158,7 +158,9 @@ def test_bad_csv_feature_value_names_the_line(tmp_path):
     "spec,message",
     [
         ("c", "NAME:LEVEL[:ROWS]"),
-        ("c:content", "NAME:LEVEL[:ROWS]"),
+        ("c:dense", "LEVEL: uih, candidates or content"),
+        ("c:uih,c:content", "at level content holds a list per event"),
+        ("content_ids:content", "standard column"),
         ("c:uih:0", "ROWS must be an integer >= 1"),
         ("c:uih:x", "ROWS must be an integer >= 1"),
         ("c:uih:3:4", "NAME:LEVEL[:ROWS]"),

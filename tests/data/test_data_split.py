@@ -86,7 +86,11 @@ def test_convert_writes_the_readers_users_in_order_with_its_ids(split_dir):
     text, conv, _ = split_dir
     ds = read_sasrec(text)
     table = pq.read_table(conv)
-    assert sorted(p.name for p in conv.iterdir()) == [f"part-0000{k}.parquet" for k in range(3)]
+    parts = [f"part-0000{k}.parquet" for k in range(3)]
+    assert sorted(p.name for p in conv.iterdir()) == ["_ids", *parts]
+    # the raw id of each row, once, beside the parts (the listing of parts skips `_` names)
+    raw = np.load(conv / "_ids" / "items.npy", allow_pickle=False)
+    assert raw.tolist() == ds.item_ids.tolist() and raw.tolist() != list(range(raw.size))
     assert table.column("user_id").to_pylist() == list(range(len(ds.users)))
     assert table.column("items").to_pylist() == [h.items.tolist() for h in ds.users]
     assert table.column("timestamps").to_pylist() == [h.timestamps.tolist() for h in ds.users]
@@ -94,6 +98,15 @@ def test_convert_writes_the_readers_users_in_order_with_its_ids(split_dir):
     assert meta[b"freescale.num_items"] == str(ds.num_items).encode()
     assert meta[b"freescale.num_actions"] == b"1"
     assert pq.ParquetFile(conv / "part-00000.parquet").metadata.row_group(0).num_rows == 4
+
+
+def test_the_split_keeps_the_id_map_and_the_stream_reads_it(split_dir):
+    text, conv, dst = split_dir
+    kept = np.load(dst / "_ids" / "items.npy", allow_pickle=False)
+    assert kept.tolist() == read_sasrec(text).item_ids.tolist()
+    stream = open_source(f"parquet-stream:{dst}", sampling=SAMPLING)
+    assert stream.id_maps["items"].tolist() == kept.tolist()
+    assert open_source(f"parquet-stream:{conv}", sampling=SAMPLING).id_maps["items"].size
 
 
 def test_split_files_hold_train_prefixes_and_targets_last(split_dir):
