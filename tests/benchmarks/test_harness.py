@@ -227,3 +227,17 @@ def test_cli_list_and_plan(capsys):
     assert "fig8" in out and "guard: overhead" in out
     assert main(["plan", "--gpus", "1"]) == 0
     assert "needs 2 GPUs" in capsys.readouterr().out
+
+
+def test_a_missing_input_stops_the_run_with_one_line(monkeypatch, capsys):
+    """A scenario reading a file from outside the repository names what to provide."""
+    monkeypatch.delenv("FREESCALE_BEAUTY", raising=False)
+    s = load("quality")
+    assert s.missing_inputs() == [
+        f"quality: set FREESCALE_BEAUTY to the path of {s.inputs['FREESCALE_BEAUTY']}"
+    ]
+    assert runner.run("quality", smoke=True) == 2
+    assert "set FREESCALE_BEAUTY" in capsys.readouterr().err
+    monkeypatch.setenv("FREESCALE_BEAUTY", "/nonexistent/beauty.txt")
+    assert "is not a file" in load("quality").missing_inputs()[0]
+    assert setting("data", "sasrec:${FREESCALE_BEAUTY}") == "data=sasrec:/nonexistent/beauty.txt"
