@@ -1,4 +1,4 @@
-"""HSTU (issue 41): the jagged attention alone beside the peer kernel, and the fused path's parity.
+"""HSTU: the jagged attention alone beside the peer kernel, and the fused path's parity.
 
 ``[params] kind`` picks one of two measures.
 
@@ -371,7 +371,7 @@ def attention_sections(rows: list[dict], name: str, peer_line: str, t: dict) -> 
             "4·d·H·pairs, pairs = Σ L(L+1)/2 + Σ_candidates (L + 1); forward + backward = 3.5 × "
             "forward. ms: median fwd + bwd of `attend` (layout built beforehand; its own median "
             "is `layout_ms`); GiB: peak allocation rise over the inputs during layout + fwd + bwd.",
-            "", f"Targets (issue 41): no bias ≥ {t.get('nobias_speedup')} × the peer's speed, "
+            "", f"Targets: no bias ≥ {t.get('nobias_speedup')} × the peer's speed, "
             f"with bias ≥ {t.get('bias_speedup')} ×, peak memory ≤ {t.get('memory_ratio')} × "
             "the peer's (`speed_ok`, `memory_ok`: null without a peer); TFLOP/s: the checks.",
             ]  # fmt: skip

@@ -1,5 +1,5 @@
 """One HSTU attention point, fwd + bwd with and without the relative bias, for a
-kernel profiler (issue 63, item 1): tunes and times both variants, prints each
+kernel profiler: tunes and times both variants, prints each
 compiled kernel's registers, spills and shared memory, then runs one step of
 each between `cudaProfilerStart` / `Stop`, so that
 

@@ -307,7 +307,7 @@ def targets(rows: list[dict], copy: float) -> list[dict]:
 
 
 def dispatch_lines(rows: list[dict], copy: float) -> list[str]:
-    """One line per dispatch op and W: % of copy bandwidth and x torch (issue 18's
+    """One line per dispatch op and W: % of copy bandwidth and x torch (the
     targets: >= 50% and >= 2x at every W up to 512)."""
     out = []
     for r in rows:

@@ -73,6 +73,9 @@ def run(name: str, smoke: bool = False, out: Path | None = None,
         if not set(ranks) <= set(s.ranks):
             raise ValueError(f"{name}: --ranks {ranks} not among its world sizes {s.ranks}")
         s.ranks = list(ranks)
+    if missing := s.missing_inputs():
+        print("\n".join(missing), file=sys.stderr)
+        return 2
     out = out or (Path(tempfile.mkdtemp(prefix="fs-smoke-")) if smoke else report.RESULTS)
     argv = sys.argv if argv is None else argv
     if s.launcher == "torchrun" and not under_torchrun():

@@ -19,11 +19,19 @@ run that exercises the plumbing, never a result)::
     [set]                         # fixed overrides: harness key -> value
     [[checks]]                    # see runner.check
     [smoke]                       # same tables, merged over the above
+    [inputs]                      # files read from outside the repository:
+                                  # ENV_VAR -> what the file is
+
+A value in ``[set]`` or ``[grid]`` may name an input as ``${ENV_VAR}``; a run
+whose inputs are not set, or not files, stops before it starts with one line
+saying what to provide (and the smoke tests skip it).
 """
 
 from __future__ import annotations
 
 import copy
+import os
+import string
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +56,8 @@ def setting(key: str, value: Any) -> str:
         raise ValueError(f"config key {key!r} is not in scenarios/keys.toml")
     if isinstance(value, bool):
         value = str(value).lower()
+    if isinstance(value, str) and "${" in value:
+        value = string.Template(value).substitute(os.environ)
     return f"{keys[key]}={value}"
 
 
@@ -67,6 +77,7 @@ class Scenario:
     set: dict[str, Any] = field(default_factory=dict)
     checks: list[dict[str, Any]] = field(default_factory=list)
     smoke: dict[str, Any] = field(default_factory=dict)
+    inputs: dict[str, str] = field(default_factory=dict)
     notes: str = ""
 
     def __post_init__(self) -> None:
@@ -94,6 +105,17 @@ class Scenario:
             "launcher",
         }:
             raise ValueError(f"{self.name}: unknown [smoke] entries {sorted(unknown)}")
+
+    def missing_inputs(self) -> list[str]:
+        """One line per input file this run needs and does not have."""
+        missing = []
+        for var, what in self.inputs.items():
+            path = os.environ.get(var, "")
+            if not path:
+                missing.append(f"{self.name}: set {var} to the path of {what}")
+            elif not os.path.isfile(path):
+                missing.append(f"{self.name}: {var}={path} is not a file (expected {what})")
+        return missing
 
     @property
     def label(self) -> str:

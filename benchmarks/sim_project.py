@@ -1,4 +1,4 @@
-"""Projections of the calibrated simulator: Fig. 8(a–c) and Fig. 11 analogues (issue 16).
+"""Projections of the calibrated simulator: Fig. 8(a–c) and Fig. 11 analogues.
 
     python -m benchmarks run sim-project     # CPU, minutes; --smoke: seconds
 

@@ -1,4 +1,4 @@
-"""Simulator validation: fit on some measured GPU runs, predict the others (issue 16).
+"""Simulator validation: fit on some measured GPU runs, predict the others.
 
 One command re-validates whenever new measured runs land:
 
@@ -283,7 +283,7 @@ def render(table: list[dict], skipped: list[str], cal) -> list[str]:
         "Predicted vs measured (held-out GPU runs). The simulator runs on the CPU; the"
         " measurements are the H200 runs named below.",
         "",
-        "- targets (issue 16): step time within 10 %, straggler % within 1.5 pp",
+        "- targets: step time within 10 %, straggler % within 1.5 pp",
         "- step = mean compute + mean exposed (all categories) + data wait, measured and"
         " predicted alike; `meta` = count all-reduce + balancer (+ the forward barrier's wait)",
         "",

@@ -10,7 +10,10 @@ on first use:
   (and an AOTInductor package) that `freescale.serving.load` serves;
 - `RecModel` (`freescale.models.contract`): the model contract;
 - `DataSchema`, `Feature` (`freescale.jagged.schema`): the data's features;
-- `SampleBatch`, `JaggedTensor`: the batch a model's ``forward`` receives;
+- `SampleBatch`, `JaggedFeatures`, `JaggedTensor`: the batch a model's
+  ``forward`` receives, its features sharing one offsets, one feature;
+  `segment_ids` (each packed row's segment) and `mean_content` (each
+  candidate's mean content embedding): pooling over jagged rows;
 - `TrainConfig`, `build_config`: the run's configuration; `load_config`,
   `config_toml`: the same as a TOML file (`freescale.config.files`).
 """
@@ -31,6 +34,9 @@ _PUBLIC = {
     "Feature": "freescale.jagged.schema",
     "SampleBatch": "freescale.jagged.batch",
     "JaggedTensor": "freescale.jagged.tensor",
+    "JaggedFeatures": "freescale.jagged.tensor",
+    "segment_ids": "freescale.jagged.ops",
+    "mean_content": "freescale.models.pooling",
     "TrainConfig": "freescale.config",
     "build_config": "freescale.config",
     "load_config": "freescale.config.files",

@@ -13,12 +13,12 @@ then reads each run's JSON summary (test HR@10 / NDCG@10, and the
 popularity baseline the summary prints) and writes
 ``benchmarks/results/beauty-table.md`` and ``.json``.
 
-    .venv/bin/python scripts/beauty_table.py [--data /work/shared/data/beauty.txt]
+    .venv/bin/python scripts/beauty_table.py --data PATH/beauty.txt   # or FREESCALE_BEAUTY=PATH
 
 ``--attention fused,padded --seeds 0,1`` trains HSTU alone instead, once per
 attention and seed (``model.attention``, ``run.seed``), and checks that each
 attention's test HR@10 / NDCG@10 lies within the spread of the last one's two
-seeds (issue 41: the fused kernel changes speed, not quality; the rule is in
+seeds (the fused kernel must change speed, not quality; the rule is in
 `spread_verdicts`). ``--gpu`` runs on one GPU (``run.device=cuda``,
 ``run.nproc=1``, batch 128: the samples per step of 2 ranks x 64) through
 ``python -m freescale.cli.main``, for machines without the ``.venv``::
@@ -176,7 +176,9 @@ def git_commit() -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", type=Path, default=Path("/work/shared/data/beauty.txt"))
+    beauty = os.environ.get("FREESCALE_BEAUTY")
+    ap.add_argument("--data", type=Path, default=Path(beauty) if beauty else None,
+                    help="the Amazon Beauty SASRec file (default: $FREESCALE_BEAUTY)")  # fmt: skip
     ap.add_argument("--logs", type=Path, default=Path("/tmp/beauty-table"))
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/beauty-table")
     ap.add_argument("--only", default=",".join(MODELS), help="comma-separated models")
@@ -187,6 +189,8 @@ def main() -> None:
     ap.add_argument("--gpu", action="store_true", help="one GPU, python -m freescale.cli.main")
     ap.add_argument("--steps", type=int, default=COMMON["steps"], help="training steps per run")
     args = ap.parse_args()
+    if args.data is None or not args.data.is_file():
+        ap.error(f"--data {args.data}: not a file (the Beauty SASRec file, or FREESCALE_BEAUTY)")
     COMMON["steps"] = args.steps
     args.logs.mkdir(parents=True, exist_ok=True)
     commit = git_commit()  # the code the runs use (taken before they start)

@@ -1,4 +1,4 @@
-"""Package hygiene: cheap imports and the layering of DESIGN §2."""
+"""Package hygiene: cheap imports and the layering of docs/architecture.md."""
 
 import ast
 import subprocess
@@ -88,7 +88,7 @@ def test_layer_check_catches_a_violation(tmp_path):
 
 
 def test_the_trainer_stays_a_loop_and_models_hold_model_math_only():
-    """Issue 30's shape: the loop in ≤ 250 lines, no mode branches in the
+    """The trainer's shape: the loop in ≤ 250 lines, no mode branches in the
     collection (the mode is a constructor argument), no stream or graph code
     in model files, no benchmark patching what it measures."""
     assert len((ROOT / "pipeline" / "train.py").read_text().splitlines()) <= 250
@@ -115,7 +115,7 @@ MAX_MODULE_LINES = 450
 
 
 def test_rooms_stay_small():
-    """Issue 48: no folder of freescale/ over 20 modules, no module over 450 lines."""
+    """No folder of freescale/ over 20 modules, no module over 450 lines."""
     crowded = {
         str(folder.relative_to(ROOT)): n
         for folder in [ROOT, *(p for p in ROOT.rglob("*") if p.is_dir())]
@@ -194,7 +194,7 @@ def import_circles(root: Path) -> list[list[str]]:
 
 
 def test_no_module_imports_itself_through_others():
-    """Issue 48: the import graph of freescale/ has no circle, imports inside
+    """The import graph of freescale/ has no circle, imports inside
     functions included (a lazy import hides a circle; it does not remove it)."""
     assert import_circles(ROOT) == []
 

@@ -1,6 +1,6 @@
 """scripts/ holds only the scripts its README lists, each named where its README
 says, and no living text names a script that is neither there nor listed as
-removed (issue 48: research probes must not grow back into scripts/)."""
+removed (research probes must not grow back into scripts/)."""
 
 import re
 from pathlib import Path

@@ -29,7 +29,8 @@ mean and largest item, and much higher when a few huge samples each force
 n − 1 companions onto their rank, which is what heavy tails do.
 
 `straggler_bound` turns a makespan bound into the straggler % bound
-``1 − mean / bound`` (DESIGN §10: the mean is fixed by the samples).
+``1 − mean / bound`` (the straggler metric of ``freescale.observe.metrics``; the mean is fixed by
+the samples).
 """
 
 from __future__ import annotations

@@ -137,7 +137,8 @@ def rank_loads(plan: Plan, costs: Tensor) -> Tensor:
 
 def idle_fraction(loads: Tensor) -> float:
     """Mean idle share of a step whose ranks take ``loads``: mean(max - load) / max
-    (the straggler metric of DESIGN §10 with T_iter = the slowest rank)."""
+    (the straggler metric of ``freescale.observe.metrics`` with T_iter = the
+    slowest rank)."""
     loads = loads.to(torch.float64)
     top = float(loads.max()) if loads.numel() else 0.0
     if top <= 0.0:

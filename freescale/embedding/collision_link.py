@@ -1,4 +1,5 @@
-"""The collision split of one group between two consecutive lookups (DESIGN §5).
+"""The collision split of one group between two consecutive lookups
+(the rows prioritized embedding updates must wait for).
 
 Given the slots one shard serves in step i (``now``) and step i+1 (``next``),
 the owner finds C^i = I^i ∩ I^(i+1) (each position's slot searched in the

@@ -15,8 +15,8 @@ in the same order, as for any collective. After an abort the program should
 stop: a rank that never arrived would meet the aborted round when it does
 (and raise there), so later rounds pair up again, but nothing is retried.
 
-On success it costs a handful of store round trips (about a millisecond,
-`benchmarks` in docs/LOG.md), once per swapped module per ``state_dict()``.
+On success it costs a handful of store round trips (about a millisecond
+on the CPU), once per swapped module per ``state_dict()``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Collision split of two consecutive steps' row sets on one shard (DESIGN §5).
+"""Collision split of two consecutive steps' row sets on one shard (the rows prioritized
+embedding updates must wait for).
 
 Inputs: ``rows_now`` = I^i and ``rows_next`` = I^(i+1), the rows one shard
 serves in step i and step i+1, each **sorted ascending without duplicates**

@@ -1,4 +1,4 @@
-"""Step metrics exactly as DESIGN §10, gathered from all ranks once per step.
+"""Step metrics (defined below), gathered from all ranks once per step.
 
 Every per-rank time is an interval of one clock: CUDA events on the compute
 stream (GPU ranks) or the host's wall clock (CPU ranks), never a mix.

@@ -34,7 +34,7 @@ slowest rank's transfer time; rank r's exposed time in it is
 wait for the straggler lands in the gradient category, as in the measured
 runs; the slowest rank waits exactly X there.
 
-Mode assumptions (docs/architecture.md, `freescale/pipeline/schedule.py`):
+Mode assumptions (`freescale/pipeline/schedule.py`, docs/embedding.md):
 
 - ``sync``: ids, embedding and gradient AllToAll all blocking.
 - ``sdd``: the ids AllToAll of step i+1 is issued once every rank finished

@@ -1,4 +1,4 @@
-"""Cost partitioner at scale (issue 15): selection, variable counts, bounds, speed."""
+"""Cost partitioner at scale: selection, variable counts, bounds, speed."""
 
 import itertools
 

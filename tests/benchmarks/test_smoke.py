@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import report
-from benchmarks.scenario import names
+from benchmarks.scenario import load, names
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -20,6 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.slow
 @pytest.mark.parametrize("name", names())
 def test_scenario_smoke(name, tmp_path):
+    if missing := load(name).missing_inputs():
+        pytest.skip("; ".join(missing))
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks", "run", name, "--smoke", "--out", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=900,

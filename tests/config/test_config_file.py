@@ -1,4 +1,4 @@
-"""Config files (issue 44): ``--print-config`` is TOML that ``--config`` reads
+"""Config files: ``--print-config`` is TOML that ``--config`` reads
 back to the same config; a file's bad key or value is one line naming the
 file, the line and the key (rc 2, before any rank); a run from a file is the
 run of the same ``--set``s."""

@@ -4,6 +4,7 @@ of an epoch, the popularity counts and the metrics of one model are those of
 the in-memory ``sasrec:`` source of the same file."""
 
 import json
+import os
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -427,11 +428,11 @@ def test_split_sorts_events_by_timestamp_and_carries_other_columns(tmp_path, cap
 
 @pytest.mark.slow
 def test_beauty_converted_and_split_evaluates_like_the_in_memory_file(tmp_path, capsys):
-    """The public Beauty file (../shared/data): every validation and test sample,
+    """The public Beauty file ($FREESCALE_BEAUTY): every validation and test sample,
     the counts and the popularity baseline equal the in-memory path's."""
-    beauty = ROOT.parent / "shared" / "data" / "beauty.txt"
-    if not beauty.exists():
-        pytest.skip(f"{beauty} is not here")
+    beauty = Path(os.environ.get("FREESCALE_BEAUTY", "beauty.txt"))
+    if not beauty.is_file():
+        pytest.skip("set FREESCALE_BEAUTY to the Amazon Beauty SASRec file")
     conv, dst = tmp_path / "conv", tmp_path / "split"
     assert (
         cli(capsys, "data", "convert", f"sasrec:{beauty}", conv, "--files", 4, "--row-group", 2000)[

@@ -85,7 +85,7 @@ def test_kjt_hand_built_example_decodes():
 
 @pytest.mark.skipif(not HAS_TORCHREC, reason="needs the torchrec extra")
 def test_kjt_group_lengths_disagree_raises_naming_the_key():
-    # Issue 17: the last key's offsets were applied to the whole group, so
+    # A past bug: the last key's offsets were applied to the whole group, so
     # item_ids came back [[10, 11], [12]] instead of [[10], [11, 12]].
     spec = {
         "uih/item_ids": ([10, 11, 12], [1, 2]),

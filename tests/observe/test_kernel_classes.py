@@ -1,4 +1,4 @@
-"""Kernel classes by name (`observe/kernel_classes.py`): the names issue 42's
+"""Kernel classes by name (`observe/kernel_classes.py`): the names an
 H200 trace shows, Inductor's and ours; per-step sums over a small trace."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The host tier on one GPU (issue 46): bit-identical to the device placement.
+"""The host tier on one GPU: bit-identical to the device placement.
 
 On CUDA the tier's rows are pinned host memory read and written in place by
 GPU kernels, gathers staged on a side stream: every mode x optimizer at W=1

@@ -1,4 +1,4 @@
-"""Issue 47's options on CPU ranks: dropout, lr schedules and weight decay keep the
+"""The recipes' training options on CPU ranks: dropout, lr schedules and weight decay keep the
 modes bit-identical and a resume bit-identical; each does what it says."""
 
 import math

@@ -1,4 +1,4 @@
-"""A model whose rank dies, for the launcher's liveness tests (issue 43).
+"""A model whose rank dies, for the launcher's liveness tests.
 
 ``--set model=tests.run._dying_model:build --set model.die=HOW``, with
 ``model.die_rank`` (default 1), ``model.die_step`` (the process's training

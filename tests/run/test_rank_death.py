@@ -1,4 +1,4 @@
-"""A rank that dies, at any time and for any reason, ends the run (issue 43).
+"""A rank that dies, at any time and for any reason, ends the run.
 
 Through the real launcher, as a user runs it (`freescale train` with 2 CPU
 ranks, or a script calling `freescale.train`), in a session of its own: the

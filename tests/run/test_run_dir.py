@@ -1,4 +1,4 @@
-"""A run directory (issue 44): ``output.dir`` gathers the config, the step
+"""A run directory: ``output.dir`` gathers the config, the step
 metrics, the summary, checkpoints, TensorBoard's events and the report; a
 run started from its ``config.toml`` with ``--resume`` continues it there."""
 

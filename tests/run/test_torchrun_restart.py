@@ -1,4 +1,4 @@
-"""A job survives a lost worker (issue 43): ``torchrun --max-restarts 1
+"""A job survives a lost worker: ``torchrun --max-restarts 1
 ... train --resume auto``, a worker SIGKILLed at step 20 of 60, the job restarts
 from the newest checkpoint and completes with the losses of an uninterrupted
 run, bit for bit; its metrics file has every step once.

@@ -54,7 +54,7 @@ def _assert_same(a: dict, b: dict, steps_of_b: bool = False) -> None:
 # first step in the old grouping, and from 3 ranks on a sum's order depends on
 # an element's place in its bucket. `find_unused_parameters=True` (no regrouping)
 # fixed this but left a 4-rank CLI resume hanging at exit
-# (test_reshard's launcher test): open, docs/LOG.md session 15.
+# (test_reshard's launcher test): open.
 @pytest.mark.xfail(strict=True, reason="DDP bucket regrouping: resume not exact at W >= 3")
 def test_resume_at_three_ranks_is_bit_identical(tmp_path):
     """Three-term sums depend on their order: the dense all-reduce must group a

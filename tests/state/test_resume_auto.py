@@ -1,4 +1,4 @@
-"""``checkpoint.resume=auto`` / ``--resume auto`` (issue 43): one command for the
+"""``checkpoint.resume=auto`` / ``--resume auto``: one command for the
 first start and every restart. The newest complete checkpoint in
 ``checkpoint.dir`` if there is one, else a fresh start, said in one line and
 in the summary's ``resumed``; the metrics file reads as one run."""
