@@ -227,3 +227,16 @@ def test_cli_list_and_plan(capsys):
     assert "fig8" in out and "guard: overhead" in out
     assert main(["plan", "--gpus", "1"]) == 0
     assert "needs 2 GPUs" in capsys.readouterr().out
+
+
+def test_ab_runs_each_build_from_its_own_tree(tmp_path):
+    """A base tree's package, not this checkout's: ``-m`` puts the working
+    directory first on sys.path, which from the repository root shadowed it."""
+    from benchmarks.ab import step_ms
+
+    cli = tmp_path / "base" / "freescale" / "cli"
+    cli.mkdir(parents=True)
+    for init in (cli.parent / "__init__.py", cli / "__init__.py"):
+        init.write_text("")
+    (cli / "main.py").write_text("print('{\"step_ms\": 12.5}')\n")
+    assert step_ms(tmp_path / "base", "demo", [], tmp_path / "log", 60) == 12.5
