@@ -2,10 +2,10 @@
 
 The older build is a tree holding its ``freescale`` package, made with
 ``git archive COMMIT freescale | tar x -C .base``. Each run is a fresh
-``python -m freescale.cli.main train`` of one build (its tree first on
-``PYTHONPATH``) with the same flat ``--set`` keys, which every build since
-the CLI began accepts; a run's step time is its summary's ``step_ms`` (mean
-after warm-up). Runs alternate base, new, base, new, ... so drift on the
+``python -m freescale.cli.main train`` of one build (run in its tree, which
+is also first on ``PYTHONPATH``) with the same flat ``--set`` keys, which
+every build since the CLI began accepts; a run's step time is its summary's
+``step_ms`` (mean after warm-up). Runs alternate base, new, base, new, ... so drift on the
 machine falls on both builds alike.
 
 Parameters (``[params]``): ``base`` (the older tree), ``rounds``, ``preset``,
@@ -36,7 +36,9 @@ def step_ms(tree: Path, preset: str, keys: list[str], log: Path, timeout: float)
     env = {**os.environ, "PYTHONPATH": str(tree.resolve()), "PYTHONUNBUFFERED": "1"}
     sets = [a for k in keys for a in ("--set", k)]
     cmd = [sys.executable, "-m", "freescale.cli.main", "train", "--preset", preset, *sets]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    # In the tree: ``-m`` puts the working directory first on sys.path, and
+    # from this checkout's root that would shadow the base tree's package.
+    done = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True, timeout=timeout)
     log.write_text(done.stdout + done.stderr)
     if done.returncode:
         raise RuntimeError(f"{tree}: rc {done.returncode}; see {log}")

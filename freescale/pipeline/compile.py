@@ -4,8 +4,9 @@
 (`freescale.models.contract`), each in place with its own ``nn.Module.compile``;
 a path naming an ``nn.ModuleList`` compiles each child, one region per block,
 the way torchtitan compiles per transformer block. In place: parameters, state
-dict and module tree are unchanged (checkpoints load either way, DDP and the
-sharded tables see the same modules). Per block rather than the whole model:
+dict and module tree are unchanged (checkpoints load either way, the gradient
+sum's buckets and the sharded tables see the same parameters and modules).
+Per block rather than the whole model:
 identical blocks are one code object whose guards pass for every instance (the
 parameters are inputs of the graph), so one compile serves all layers, and
 nothing outside the blocks (the embedding exchange, the loss, the guard) is

@@ -1,7 +1,7 @@
 """Dense training: the replicated model's optimizer, gradient sync and guard.
 
 Built from the ``dense`` and ``faults`` sections: Adam over the dense
-parameters, DDP with a *sum* all-reduce (`DenseSync`), bf16 autocast, CUDA
+parameters, their gradients' *sum* all-reduce (`DenseSync`), bf16 autocast, CUDA
 graphs of the model's block stack (`freescale.pipeline.graphs`) or regional
 ``torch.compile`` of its blocks (`freescale.pipeline.compile`) and the
 non-finite guard's skip flags and count (`freescale.pipeline.nonfinite`).
@@ -14,8 +14,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
-from torch.nn.parallel import DistributedDataParallel
 
+from freescale.comm.grad_sum import GradSum
 from freescale.config import DenseSection, FaultsSection, RunSection
 from freescale.kernels.attention import cudnn_sdpa
 from freescale.models.blocks import attention_in_use, check_attention_device
@@ -53,49 +53,53 @@ class GuardedAdam(torch.optim.Adam):
 
 
 class DenseSync:
-    """DDP over the dense parameters with a *sum* all-reduce.
+    """The dense gradients' *sum* all-reduce over the ranks (`GradSum`).
 
-    DDP averages gradients (divides by W); our loss is already normalized by
-    the global candidate count, so the right reduction is a plain sum. The
-    hook also marks when the last bucket became ready: from there to the end
-    of backward is the dense all-reduce time the compute stream is exposed to.
-    On one rank there is nothing to reduce: ``ddp`` is the model itself.
+    A sum, not DDP's average: our loss is already normalized by the global
+    candidate count. The buckets are fixed by the parameters' registration
+    (the same on a fresh and on a resumed run, so a resume is bit-identical at
+    any world size) and launched from backward's hooks as they fill. The last
+    launch is marked: from there to the end of backward is the dense
+    all-reduce time the compute stream is exposed to. On one rank there is
+    nothing to reduce (``reduce`` is None).
     """
 
     def __init__(self, model: nn.Module, mark: Any) -> None:
         self.mark = mark
         self.last_ready: tuple[int, object] | None = None
         self.model = model
-        if dist.get_world_size() == 1:
-            # One rank: the sum all-reduce is the identity. DDP would copy every
-            # gradient into its bucket (a kernel per parameter) and run its
-            # forward hooks on the host, for the same numbers.
-            self.ddp: nn.Module = model
-            return
-        # The sharded tables live outside the module tree, so DDP sees only
-        # dense parameters (and the model has no buffers to broadcast).
-        # Gradients as views of the all-reduce buckets: the reduced buckets are
-        # the gradients, no copy back per parameter after backward (same values).
-        self.ddp = DistributedDataParallel(model, gradient_as_bucket_view=True)
-        self.ddp.register_comm_hook(self, DenseSync._hook)
+        self.reduce: GradSum | None = None
+        # One rank: the sum all-reduce is the identity, and a copy per gradient
+        # into a bucket would cost a kernel each for the same numbers. The
+        # sharded tables live outside the module tree: only dense parameters.
+        if dist.get_world_size() > 1:
+            self.reduce = GradSum(model.parameters(), on_launch=self._launched)
+
+    def _launched(self) -> None:
+        self.last_ready = self.mark()
 
     def cover_all(self, loss: Tensor) -> Tensor:
         """``loss`` + 0 x one element of every dense parameter.
 
         With an empty local batch (or no UIH tokens, or no candidates) some
-        parameters get no gradient at all on this rank; DDP would then never
-        reduce their bucket here while the other ranks do, and the ranks'
-        collectives would pair up wrongly (a hang). The zero term gives every
-        parameter a (zero) gradient and changes no value.
+        parameters get no gradient at all on this rank; their buckets would
+        then wait for `GradSum.finish` instead of leaving during backward.
+        The zero term gives every parameter a (zero) gradient and changes no
+        value.
         """
         params = [p for p in self.model.parameters() if p.requires_grad]
         return loss + sum(p.reshape(-1)[:1].sum() for p in params) * 0.0
 
-    @staticmethod
-    def _hook(state, bucket):  # no annotations: DDP checks them (dist.GradBucket)
-        state.last_ready = state.mark()
-        fut = dist.all_reduce(bucket.buffer(), async_op=True).get_future()
-        return fut.then(lambda f: f.value()[0])
+    def arm(self) -> None:
+        """The next backward's gradients are summed over the ranks."""
+        self.last_ready = None
+        if self.reduce is not None:
+            self.reduce.arm()
+
+    def finish(self) -> None:
+        """Waits for the sum (after backward, before the optimizer reads it)."""
+        if self.reduce is not None:
+            self.reduce.finish()
 
 
 def graphs_skipped(section: DenseSection, step_tokens: int) -> str:
@@ -108,7 +112,7 @@ def graphs_skipped(section: DenseSection, step_tokens: int) -> str:
 
 
 class DenseTraining:
-    """Forward (autocast, DDP), backward's exposed all-reduce, the guarded step."""
+    """Forward (autocast), backward's exposed all-reduce, the guarded step."""
 
     def __init__(
         self,
@@ -130,10 +134,9 @@ class DenseTraining:
         world = dist.get_world_size()
         self.graphs: BlockGraphs | None = None
         self.graphs_skipped = graphs_skipped(section, step_tokens)
-        if (
-            section.graphs and not self.graphs_skipped
-        ):  # before DDP: it wraps the model as it will run
-            # One rank: no DDP hook to feed, the graphs set `.grad` themselves.
+        if section.graphs and not self.graphs_skipped:
+            # The same parameters in the same order (the gradient sum's buckets
+            # do not change). One rank: no hook waits, the graphs set `.grad`.
             self.graphs = install_graphs(model, section.graph_streams == 2, world == 1)
         # Graphs that run replay the blocks' eager path methods: compile would not
         # apply there, so it is off and the summary says so (`compile_state`).
@@ -174,7 +177,7 @@ class DenseTraining:
         self._frames_before = compiled_frames()
         self._graphs_before = cudnn_sdpa.CACHE.builds
         with self.autocast, training_step(self.model, self.seed, step):
-            return self.sync.ddp(batch)
+            return self.model(batch)
 
     def backward(self, loss: Tensor, empty: bool) -> None:
         """Backward of ``loss`` (the sparse update inside it); ``empty``: some
@@ -182,8 +185,9 @@ class DenseTraining:
         if empty:
             loss = self.sync.cover_all(loss)
         self.guard.begin_step(loss)
-        self.sync.last_ready = None
+        self.sync.arm()
         loss.backward()  # fused sparse update (skipped if any rank saw a non-finite) + dense
+        self.sync.finish()
         if self.sync.last_ready is not None:
             # Exposed dense all-reduce: from the later of "last bucket ready" and
             # "embedding backward done" (its own sections) to the end of backward.

@@ -166,7 +166,7 @@ class BlockGraphs:
         self.captures = 0  # graphs captured (a new bucket, longer segments, or an evicted one)
         # The replay sets the parameters' ``.grad`` itself (lent graph memory)
         # instead of handing them to autograd: no AccumulateGrad per parameter.
-        # Only where no autograd hook waits on those gradients (DDP's do).
+        # Only where no autograd hook waits on those gradients (the gradient sum's do).
         self.own_grads = own_grads
         self.lent: list[tuple[Tensor, Tensor]] = []  # (parameter, graph memory) of the last replay
 
@@ -275,7 +275,7 @@ class GraphedStack(BlockStack):
 
     Same blocks (so the same parameters and state dict keys); evaluation (no
     gradients), CPU runs and steps without UIH tokens or candidates run the
-    stack eagerly. ``own_grads``: see `BlockGraphs` (one rank, no DDP hooks).
+    stack eagerly. ``own_grads``: see `BlockGraphs` (one rank, no gradient sum hooks).
 
     Its self- and cross-attention are varlen's, in the graphs and in the eager
     steps alike (``auto`` picks neither cuDNN nor the Triton cross-attention

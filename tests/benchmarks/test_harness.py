@@ -241,3 +241,14 @@ def test_a_missing_input_stops_the_run_with_one_line(monkeypatch, capsys):
     monkeypatch.setenv("FREESCALE_BEAUTY", "/nonexistent/beauty.txt")
     assert "is not a file" in load("quality").missing_inputs()[0]
     assert setting("data", "sasrec:${FREESCALE_BEAUTY}") == "data=sasrec:/nonexistent/beauty.txt"
+def test_ab_runs_each_build_from_its_own_tree(tmp_path):
+    """A base tree's package, not this checkout's: ``-m`` puts the working
+    directory first on sys.path, which from the repository root shadowed it."""
+    from benchmarks.ab import step_ms
+
+    cli = tmp_path / "base" / "freescale" / "cli"
+    cli.mkdir(parents=True)
+    for init in (cli.parent / "__init__.py", cli / "__init__.py"):
+        init.write_text("")
+    (cli / "main.py").write_text("print('{\"step_ms\": 12.5}')\n")
+    assert step_ms(tmp_path / "base", "demo", [], tmp_path / "log", 60) == 12.5

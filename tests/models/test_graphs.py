@@ -229,11 +229,13 @@ def test_graphs_are_off_the_cpu_path_bit_for_bit():
     for graphs in (False, True):
         torch.manual_seed(0)
         m = SequenceModel(ModelConfig(num_items=100, dim=16, heads=2, layers=2))
-        keys = list(m.state_dict())
+        keys, params = list(m.state_dict()), list(m.parameters())
         if graphs:
             install_graphs(m, two_streams=True, own_grads=False)
         assert isinstance(m.blocks, GraphedStack) == graphs
         assert list(m.state_dict()) == keys
+        # the same parameters in the same order: the gradient sum's buckets
+        assert all(a is b for a, b in zip(m.parameters(), params, strict=True))
         logits = m(batch)
         loss = bce_loss(logits, batch.labels, batch.labels.numel())
         loss.backward()

@@ -48,13 +48,8 @@ def test_modes_and_resume_stay_bit_identical_with_every_option_on(tmp_path):
     _modes_and_resume(2, tmp_path)
 
 
-_W3_GAP = pytest.mark.xfail(reason="resume at W >= 3: DDP bucket regrouping (test_resume.py)")
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "world", [1, pytest.param(3, marks=_W3_GAP), pytest.param(4, marks=_W3_GAP)]
-)
+@pytest.mark.parametrize("world", [1, 3, 4])
 def test_modes_and_resume_stay_bit_identical_with_every_option_on_slow(world, tmp_path):
     _modes_and_resume(world, tmp_path)
 

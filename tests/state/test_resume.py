@@ -50,19 +50,40 @@ def _assert_same(a: dict, b: dict, steps_of_b: bool = False) -> None:
             assert torch.equal(sa[k], sb[k]), k
 
 
-# DDP regroups its buckets after the first backward; a resumed run reduces its
-# first step in the old grouping, and from 3 ranks on a sum's order depends on
-# an element's place in its bucket. `find_unused_parameters=True` (no regrouping)
-# fixed this but left a 4-rank CLI resume hanging at exit
-# (test_reshard's launcher test): open.
-@pytest.mark.xfail(strict=True, reason="DDP bucket regrouping: resume not exact at W >= 3")
+# Every mode, without and with balancing: the dense gradient sum's buckets must
+# not depend on the run's history (a resumed run starts them afresh), else from
+# 3 ranks on a sum's order, and with it its bits, differ after a resume.
+VARIANTS = [
+    [f"run.mode={mode}", f"balance={balance}", "run.deterministic=true"]
+    for mode in MODES
+    for balance in ("none", "cost")
+]
+
+
+def _resume_variants(ckdir: str, steps: int) -> list[tuple[dict, dict]]:
+    """`_resume_rank` of each of `VARIANTS`, on this rank (one process group)."""
+    return [
+        _resume_rank([f"run.steps={steps}", *v], f"{ckdir}/{i}") for i, v in enumerate(VARIANTS)
+    ]
+
+
+def _check_resumes(world: int, ckdir: str, steps: int) -> None:
+    for per_variant in run_ranks(_resume_variants, world, ckdir, steps, timeout=480):
+        for variant, (full, resumed) in zip(VARIANTS, per_variant, strict=True):
+            assert [s for s, _ in resumed["losses"]] == list(range(5, steps)), variant
+            _assert_same(full, resumed)
+
+
 def test_resume_at_three_ranks_is_bit_identical(tmp_path):
-    """Three-term sums depend on their order: the dense all-reduce must group a
-    resumed run's gradients as the uninterrupted run did from its first step."""
-    overrides = ["run.steps=10", "run.mode=freescale"]
-    for full, resumed in run_ranks(_resume_rank, 3, overrides, str(tmp_path), timeout=240):
-        assert [s for s, _ in resumed["losses"]] == list(range(5, 10))
-        _assert_same(full, resumed)
+    """Three-term sums depend on their order: a resumed run must group its
+    gradients as the uninterrupted run did."""
+    _check_resumes(3, str(tmp_path), 8)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [4, 5])
+def test_resume_at_four_and_five_ranks_is_bit_identical(tmp_path, world):
+    _check_resumes(world, str(tmp_path), 10)
 
 
 @pytest.mark.slow
