@@ -72,8 +72,18 @@ class DenseSync:
         # One rank: the sum all-reduce is the identity, and a copy per gradient
         # into a bucket would cost a kernel each for the same numbers. The
         # sharded tables live outside the module tree: only dense parameters.
+        # Buffers a model updates in forward (running statistics) go from rank 0
+        # to every rank before each forward, as DDP's default does; none: no cost.
+        self.buffers: list[Tensor] = []
         if dist.get_world_size() > 1:
             self.reduce = GradSum(model.parameters(), on_launch=self._launched)
+            self.buffers = list(model.buffers())
+
+    @torch.no_grad()
+    def share_buffers(self) -> None:
+        """Rank 0's buffers on every rank (before a training forward)."""
+        for b in self.buffers:
+            dist.broadcast(b, 0)
 
     def _launched(self) -> None:
         self.last_ready = self.mark()
@@ -176,6 +186,7 @@ class DenseTraining:
         """The logits of training step ``step`` (dropout's masks are that step's)."""
         self._frames_before = compiled_frames()
         self._graphs_before = cudnn_sdpa.CACHE.builds
+        self.sync.share_buffers()
         with self.autocast, training_step(self.model, self.seed, step):
             return self.model(batch)
 
