@@ -41,15 +41,19 @@ def missing_message(what: str) -> str:
 def nixl_api() -> ModuleType:
     """NIXL's Python API module (``nixl_agent`` and friends); ImportError in one line."""
     problems = []
+    quiet = not os.environ.get("NIXL_LOG_LEVEL")
+    if quiet:
+        # Its own log lines (Python INFO on stdout, where the trainer prints its
+        # summary; C++ errors that repeat ours) stay out; NIXL_LOG_LEVEL=WARN shows them.
+        os.environ["NIXL_LOG_LEVEL"] = "FATAL"
     for name in _PACKAGES:
         try:
             api = importlib.import_module(f"{name}._api")
         except ImportError as exc:
             problems.append(f"{name}: {exc}")
             continue
-        if not os.environ.get("NIXL_LOG_LEVEL"):
-            # Its INFO lines go to stdout, where the trainer prints its summary.
-            logging.getLogger("nixl").setLevel(logging.WARNING)
+        if quiet:
+            logging.getLogger("nixl").setLevel(logging.ERROR)
         return api
     raise ImportError(f"NIXL does not import ({'; '.join(problems)}); {INSTALL_HINT}")
 

@@ -57,8 +57,9 @@ from freescale.comm.nixl_support import nixl_api, pick_staging, ucx_excludes_cud
 from freescale.comm.transport import Copier, PeerError, Transfer, pinned_empty
 
 _NOTE = struct.Struct("<bqq")  # kind, seq, nbytes
-_DATA, _ACK = 1, 2
+_DATA, _ACK, _PING = 1, 2, 3
 _MAX_SLEEP_S = 0.0005
+_PING_AFTER_S = 0.5  # silence after which a waiting rank checks that the peer is still there
 
 
 class NixlTransport:
@@ -208,7 +209,7 @@ class NixlTransport:
                     self._arrived[peer][seq] = nbytes
                 elif kind == _ACK:
                     self._acked[peer].add(seq)
-                got = True
+                got = got or kind != _PING  # a ping is no progress
         return got
 
     def _check_writes(self) -> bool:
@@ -231,7 +232,8 @@ class NixlTransport:
     def _wait(self, ready: Callable[[], bool], peer: int | None, what: str) -> None:
         """Poll until ``ready()``; `PeerError` naming ``peer`` (None: the first pending
         write's) after ``timeout`` seconds without any notification."""
-        deadline = time.monotonic() + self._timeout
+        last = time.monotonic()
+        ping = last + _PING_AFTER_S
         sleep = 0.0
         while not ready():
             progressed = self._poll()
@@ -239,14 +241,25 @@ class NixlTransport:
                 self._check_writes()
             if ready():
                 return
+            now = time.monotonic()
+            who = peer if peer is not None else self._writes[0][0]
             if progressed:
-                deadline, sleep = time.monotonic() + self._timeout, 0.0
-            elif time.monotonic() > deadline:
-                who = peer if peer is not None else self._writes[0][0]
+                last, ping, sleep = now, now + _PING_AFTER_S, 0.0
+            elif now - last > self._timeout:
                 silent = f"sent nothing for {self._timeout:.1f} s"
                 raise PeerError(who, f"{silent} while {what} (stalled or gone)")
+            elif now > ping:
+                self._ping(who)
+                ping = now + _PING_AFTER_S
             time.sleep(sleep)  # releases the GIL; 0 is a yield
             sleep = min(_MAX_SLEEP_S, sleep * 2 or 0.00002)
+
+    def _ping(self, peer: int) -> None:
+        """A notification to a silent peer: UCX fails it at once if the peer is gone."""
+        try:
+            self._agent.send_notif(self._names[peer], _NOTE.pack(_PING, 0, 0))
+        except Exception as exc:
+            raise PeerError(peer, f"disconnected ({type(exc).__name__}); did it exit?") from None
 
     def _slot(self, owner_region: int, seq: int) -> int:
         return owner_region + (seq % self._slots) * self._chunk

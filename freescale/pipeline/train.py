@@ -229,6 +229,7 @@ class Trainer:
         }
         extra["resumed"] = self.state.resumed() if self.state.data_position else None
         extra.update({**self.dense.graph_summary(), **self.dense.attention_summary()})
+        extra["comm"] = self.sparse.comm_summary(self.cfg.pipeline)
         if final:
             extra["eval"] = final
             if samples := final.get("data", {}).get("train_samples"):  # unknown when streamed

@@ -187,10 +187,10 @@ def _hosts_detected(ranks_per_host: int) -> dict:
     return out
 
 
-def test_emulated_hosts_use_shm_inside_and_gloo_between():
+def test_emulated_hosts_use_shm_inside_and_nixl_or_gloo_between():
     per_rank = run_ranks(_hosts_detected, 4, 2, timeout=60)
     assert [i["local"] for i in per_rank] == [[0, 1], [0, 1], [2, 3], [2, 3]]
-    assert {i["transport"] for i in per_rank} == {"hier"}
+    assert {i["transport"] for i in per_rank} == {"hier-nixl" if NIXL else "hier"}
 
 
 def test_host_key_sources():
