@@ -40,8 +40,8 @@ whose connection failed, raises `PeerError` naming it.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
-import pickle
 import struct
 import time
 import uuid
@@ -152,20 +152,24 @@ class NixlTransport:
         if n:
             self._registered = self._agent.register_memory(self._pool)
         entry = {
-            "metadata": self._agent.get_agent_metadata(),
             "addr": self._pool.data_ptr(),
             "device": max(self._pool.get_device(), 0),
             "mem": "VRAM" if self._pool.is_cuda else "DRAM",
-            "regions": {p: i * self._slots * self._chunk for i, p in enumerate(self.peers)},
+            "regions": {str(p): i * self._slots * self._chunk for i, p in enumerate(self.peers)},
         }
-        store.set(str(self.rank), pickle.dumps(entry))
+        # JSON, a newline, then NIXL's own metadata bytes: nothing here is unpickled.
+        store.set(
+            str(self.rank), json.dumps(entry).encode() + b"\n" + self._agent.get_agent_metadata()
+        )
         for p in self.peers:
             try:
                 store.wait([str(p)], timedelta(seconds=self._timeout))
             except Exception as exc:
                 raise PeerError(p, f"never published its NIXL metadata ({exc})") from None
-            info = pickle.loads(store.get(str(p)))
-            name = self._agent.add_remote_agent(info.pop("metadata"))
+            head, _, metadata = store.get(str(p)).partition(b"\n")
+            info = json.loads(head)
+            info["regions"] = {int(k): v for k, v in info["regions"].items()}
+            name = self._agent.add_remote_agent(metadata)
             name = name.decode() if isinstance(name, bytes) else name  # notifications use str
             self._names[p], self._rank_of[name], self._remote[p] = name, p, info
         dist.barrier(group=group)  # every rank has read every key it needs
