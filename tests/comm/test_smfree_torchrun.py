@@ -81,7 +81,7 @@ def test_torchrun_two_nodes_detects_hosts_and_matches_torch(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["sdd"])
+@pytest.mark.parametrize("mode", ["sync", "sdd", "freescale"])
 def test_torchrun_two_nodes_training_matches_torch(mode, tmp_path):
     losses = {}
     for backend in ("torch", "smfree", *(("smfree-nixl",) if NIXL else ())):
