@@ -22,9 +22,11 @@ place of socket messages; each notification is ``kind, seq, nbytes``):
 
 1. s waits until its slot ``seq % slots`` in d's region is free: d has
    acknowledged message ``seq - slots``;
-2. s copies the chunk into its send slot, fences, and posts a ``WRITE`` of
-   it into that slot of d's region carrying the notification
-   ``DATA(seq, nbytes)``, which NIXL delivers after the bytes;
+2. s copies the chunk into its send slot (D2H), fences, and posts a
+   ``WRITE`` of it into that slot of d's region carrying the notification
+   ``DATA(seq, nbytes)``, which NIXL delivers after the bytes (a chunk in
+   host memory is instead registered for the round and written from where
+   it is: one copy fewer);
 3. d, expecting message ``seq`` from s, waits for that notification
    (notifications are matched by ``seq``, so their arrival order does not
    matter), checks ``nbytes``, copies the slot out and fences;
@@ -99,6 +101,7 @@ class NixlTransport:
         self._remote: dict[int, dict[str, Any]] = {}
         self._rank_of: dict[str, int] = {}
         self._writes: list[tuple[int, Any]] = []
+        self._in_place: list[Any] = []  # host sources registered for the current round
         self._agent: Any = None
         self._registered: Any = None
         self._pool: Tensor | None = None
@@ -185,6 +188,10 @@ class NixlTransport:
             with contextlib.suppress(Exception):
                 agent.release_xfer_handle(handle)
         self._writes = []
+        for descs in self._in_place:
+            with contextlib.suppress(Exception):
+                agent.deregister_memory(descs)
+        self._in_place = []
         for name in self._names.values():
             with contextlib.suppress(Exception):
                 agent.remove_remote_agent(name)
@@ -293,6 +300,14 @@ class NixlTransport:
                 earlier[p] += 1
                 self._wait(lambda p=p, s=seq: self._slot_free(p, s), p, "its slot was busy")
             src = sources[key]
+            if not src.is_cuda and src.numel():
+                # Host memory is written from where it is, registered for this round
+                # (~10-40 us here, a copy of a large chunk costs far more).
+                self._in_place.append(
+                    self._agent.register_memory([(src.data_ptr(), src.numel(), 0, "")], "DRAM")
+                )
+                staged.append((src, readers))
+                continue
             stage = self._send_region[i * self._chunk : i * self._chunk + src.numel()]
             self._copier.copy(stage, src)
             staged.append((stage, readers))
@@ -348,10 +363,16 @@ class NixlTransport:
             acks.append((peer, seq))
         if self._writes:
             self._wait(self._check_writes, None, "a write to it was in flight")
+        self._release_in_place()
         self._copier.fence()  # the data left the slots before they are released
         for peer, seq in acks:
             with contextlib.suppress(Exception):  # a peer that got everything may have closed
                 self._agent.send_notif(self._names[peer], _NOTE.pack(_ACK, seq, 0))
+
+    def _release_in_place(self) -> None:
+        for descs in self._in_place:
+            self._agent.deregister_memory(descs)
+        self._in_place = []
 
     def _remote_region(self, peer: int) -> int:
         """Offset of ``peer``'s slots in this rank's receive region."""

@@ -178,6 +178,8 @@ def test_peer_killed_mid_exchange_is_named_and_nothing_is_left(tmp_path):
         assert "\n" not in result["error"], result
         assert result["elapsed"] < timeout + 2.0, result
         assert result["closed"] and not result["registered"], result
-    # No segment of ours or UCX's (sem.* are this test process's multiprocessing locks).
-    left = {f for f in set(os.listdir(SHM_DIR)) - shm_before if not f.startswith("sem.")}
+        print(f"rank {rank}, {result['elapsed']:.2f} s: {result['error']}")
+    # No segment of ours or UCX's (other jobs on the machine may create files meanwhile).
+    new = set(os.listdir(SHM_DIR)) - shm_before
+    left = {f for f in new if any(k in f.lower() for k in ("ucx", "nixl", "freescale"))}
     assert left == set()
