@@ -228,8 +228,8 @@ class Trainer:
             "nonfinite_skipped": self.dense.nonfinite.skipped,
         }
         extra["resumed"] = self.state.resumed() if self.state.data_position else None
-        extra.update({**self.dense.graph_summary(), **self.dense.attention_summary()})
-        extra["comm"] = self.sparse.comm_summary(self.cfg.pipeline)
+        extra.update({**self.dense.graph_summary(), **self.dense.attention_summary()},
+                     comm=self.sparse.comm_summary(self.cfg.pipeline))  # fmt: skip
         if final:
             extra["eval"] = final
             if samples := final.get("data", {}).get("train_samples"):  # unknown when streamed
