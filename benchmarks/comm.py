@@ -1,6 +1,6 @@
 """Communicator microbenchmark: latency and bandwidth of AllGather and AllToAll per backend.
 
-For each backend and message size S (bytes per rank, 4 KiB to 64 MiB) it times
+For each backend and message size S (bytes per rank, 1 KiB to 256 MiB) it times
 ``comm.all_gather(x).wait()`` and an even ``comm.all_to_all_v(x, ...).wait()``
 (S/W bytes to each rank), back to back, after warm-up. The time of one
 collective is the mean over the iterations, the max over ranks (every rank
@@ -15,9 +15,14 @@ memory; gloo: TCP loopback), not a GPU path.
 
     python -m benchmarks run comm-bandwidth            # torchrun, 2 GPUs: NCCL vs SM-free
     python -m benchmarks run comm-bandwidth --smoke    # 2 CPU ranks (gloo, shm)
+    python -m benchmarks run comm-bandwidth-cpu        # 2 and 4 CPU ranks: gloo, shm, nixl
 
 Parameters: ``backends``, ``ranks_per_host`` (emulate hosts; adds smfree-hier),
-``max_bytes``, ``target_s`` (time per point). The report's per-op tables are
+``min_bytes``, ``max_bytes`` (one number, or one per world size of ``ranks``),
+``target_s`` (time per point). On the CPU every world size of ``ranks`` runs in
+one report. Rows of ``smfree-nixl`` at 1 MiB and more carry ``nixl_ge_gloo``:
+its bandwidth is at least that of every gloo path (``torch``, ``smfree-gloo``)
+measured at the same world size, op and size. The report's per-op tables are
 what ``freescale calibrate --bandwidth`` reads.
 """
 
@@ -38,7 +43,8 @@ from freescale.testing import run_ranks
 from .runner import Ctx, Result
 from .scenario import Scenario
 
-SIZES = [4 << 10 << (2 * i) for i in range(8)]  # 4 KiB, 16 KiB, ..., 64 MiB
+SIZES = [1 << 10 << (2 * i) for i in range(10)]  # 1 KiB, 4 KiB, ..., 256 MiB
+GLOO = ("torch", "smfree-gloo")  # on the CPU both move bytes with gloo over TCP
 
 
 def _time_op(fn: Any, device: torch.device, iters: int) -> float:
@@ -88,7 +94,7 @@ def bench_rank(
                 iters = max(3, min(200, int(target_s / max(once, 1e-6))))
                 t = _time_op(fn, dev, iters)
                 rows.append(
-                    {"backend": backend, "op": op, "bytes": size, "iters": iters,
+                    {"backend": backend, "op": op, "bytes": size, "iters": iters, "world": w,
                      "latency_us": t * 1e6, "GBps": moved / t / 1e9}
                 )  # fmt: skip
         if hasattr(comm, "close"):
@@ -101,25 +107,43 @@ def _fmt_bytes(n: int) -> str:
 
 
 def tables(rows: list[dict]) -> list[str]:
-    """Per op: latency us / GB/s per backend and size (``freescale calibrate`` reads these)."""
+    """Per op (and world size, if several): latency us / GB/s per backend and size
+    (``freescale calibrate`` reads these)."""
     backends = list(dict.fromkeys(r["backend"] for r in rows))
+    worlds = sorted({r.get("world") for r in rows}, key=lambda w: w or 0)
     lines = []
-    for op in ("all_gather", "all_to_all"):
-        lines += [f"## {op}: latency us / bandwidth GB/s (received from peers, per rank)", ""]
-        lines += ["| bytes per rank | " + " | ".join(backends) + " |"]
-        lines += ["|---|" + "---|" * len(backends)]
-        for size in sorted({r["bytes"] for r in rows}):
-            cells = []
-            for b in backends:
-                (r,) = [r for r in rows if (r["backend"], r["op"], r["bytes"]) == (b, op, size)]
-                cells.append(f"{r['latency_us']:.0f} / {r['GBps']:.2f}")
-            lines.append(f"| {_fmt_bytes(size)} | " + " | ".join(cells) + " |")
-        lines.append("")
+    for world in worlds:
+        mine = [r for r in rows if r.get("world") == world]
+        at = f", {world} ranks" if len(worlds) > 1 else ""
+        for op in ("all_gather", "all_to_all"):
+            lines += [f"## {op}: latency us / bandwidth GB/s (received from peers, per rank){at}"]
+            lines += ["", "| bytes per rank | " + " | ".join(backends) + " |"]
+            lines += ["|---|" + "---|" * len(backends)]
+            for size in sorted({r["bytes"] for r in mine}):
+                cells = []
+                for b in backends:
+                    key = (b, op, size)
+                    (r,) = [r for r in mine if (r["backend"], r["op"], r["bytes"]) == key]
+                    cells.append(f"{r['latency_us']:.0f} / {r['GBps']:.2f}")
+                lines.append(f"| {_fmt_bytes(size)} | " + " | ".join(cells) + " |")
+            lines.append("")
     return lines
 
 
+def mark_nixl_vs_gloo(rows: list[dict]) -> None:
+    """Set ``nixl_ge_gloo`` on each smfree-nixl row of 1 MiB or more (see module doc)."""
+    for r in rows:
+        if r["backend"] != "smfree-nixl" or r["bytes"] < 1 << 20:
+            continue
+        key = (r.get("world"), r["op"], r["bytes"])
+        gloo = [g["GBps"] for g in rows if g["backend"] in GLOO
+                and (g.get("world"), g["op"], g["bytes"]) == key]  # fmt: skip
+        if gloo:
+            r["nixl_ge_gloo"] = r["GBps"] >= max(gloo)
+
+
 DEFAULTS = {"backends": ["torch", "smfree-shm", "smfree-gloo"], "ranks_per_host": None,
-            "max_bytes": SIZES[-1], "target_s": 0.25}  # fmt: skip
+            "min_bytes": 4 << 10, "max_bytes": 64 << 20, "target_s": 0.25}  # fmt: skip
 
 
 def measure(s: Scenario, ctx: Ctx) -> Result | None:
@@ -128,20 +152,26 @@ def measure(s: Scenario, ctx: Ctx) -> Result | None:
     backends = list(args.backends)
     if args.ranks_per_host and "smfree-hier" not in backends:
         backends.append("smfree-hier")
-    sizes = [x for x in SIZES if x <= args.max_bytes]
+    caps = args.max_bytes if isinstance(args.max_bytes, list) else [args.max_bytes] * len(s.ranks)
     device = "cpu" if ctx.smoke or s.device == "cpu" else "cuda"
-    call = (backends, sizes, device, args.ranks_per_host, args.target_s)
-    world = s.ranks[0]
+
+    def call(cap: int) -> tuple:
+        sizes = [x for x in SIZES if args.min_bytes <= x <= cap]
+        return (backends, sizes, device, args.ranks_per_host, args.target_s)
+
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         dist.init_process_group("cpu:gloo,cuda:nccl" if device == "cuda" else "gloo")
-        rows, world = bench_rank(*call), dist.get_world_size()
+        rows, worlds = bench_rank(*call(caps[0])), [dist.get_world_size()]
         leader = dist.get_rank() == 0
         dist.destroy_process_group()
         if not leader:
             return None
     else:
-        rows = run_ranks(bench_rank, world, *call, timeout=3600)[0]
-    note = (f"World size {world}" + (f", {args.ranks_per_host} ranks per emulated host"
-            if args.ranks_per_host else "") + f"; device {device}; load average at the end "
-            f"{os.getloadavg()[0]:.1f}.")  # fmt: skip
+        rows, worlds = [], list(s.ranks)
+        for world, cap in zip(worlds, caps, strict=True):
+            rows += run_ranks(bench_rank, world, *call(cap), timeout=3600)[0]
+    mark_nixl_vs_gloo(rows)
+    note = (f"World size {', '.join(map(str, worlds))}" + (f", {args.ranks_per_host} ranks per"
+            f" emulated host" if args.ranks_per_host else "") + f"; device {device}; load"
+            f" average at the end {os.getloadavg()[0]:.1f}.")  # fmt: skip
     return Result(rows, [note, "", *tables(rows)])

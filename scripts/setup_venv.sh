@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv and install FreeScale into it (idempotent, quiet).
 #   scripts/setup_venv.sh          runtime only
-#   scripts/setup_venv.sh test     + dev tools, TorchRec interop and Triton (interpreter tests)
+#   scripts/setup_venv.sh test     + dev tools, TorchRec interop, Triton (interpreter tests), NIXL
 set -euo pipefail
 cd "$(dirname "$0")/.."
 want=${1:-run}
@@ -16,8 +16,9 @@ echo "setting up .venv ($want) ..." >&2
 # The CPU build of torch; pip finds it among the local wheels on CI machines.
 .venv/bin/python -c 'import torch' 2>/dev/null || "${pip[@]}" torch==2.13.0
 if [ "$want" = test ]; then
-  # data: pyarrow, so the Parquet/CSV tests run (~3 s); tensorboard: the run directory's events
-  "${pip[@]}" -e ".[dev,bench,data,tensorboard]"
+  # data: pyarrow, so the Parquet/CSV tests run (~3 s); tensorboard: the run directory's events;
+  # rdma: NIXL, so the smfree-nixl tests run
+  "${pip[@]}" -e ".[dev,bench,data,tensorboard,rdma]"
   # torchrec's metadata asks for the CUDA fbgemm-gpu: install the CPU build with
   # --no-deps, then torchrec's own small dependencies explicitly.
   "${pip[@]}" --no-deps torchrec==1.8.0 fbgemm-gpu-cpu==1.8.0

@@ -4,29 +4,34 @@ Names (`BACKENDS`):
 
 - ``torch``: `TorchCommunicator` (NCCL on GPU, gloo on CPU);
 - ``smfree``: `SmFreeCommunicator` with the transport picked by topology:
-  one host -> ``shm``, several hosts -> ``hier``, one rank -> ``gloo``;
-- ``smfree-shm`` / ``smfree-gloo`` / ``smfree-hier``: that transport forced.
+  one host -> ``shm``, several hosts -> ``hier-nixl`` (shm inside, NIXL
+  between) where NIXL is installed, else ``hier`` (shm inside, gloo between),
+  one rank -> ``gloo``; the communicator's ``why`` says which and why;
+- ``smfree-shm`` / ``smfree-gloo`` / ``smfree-hier`` / ``smfree-nixl``: that
+  transport forced (``nixl``: between every pair, UCX picks shm or the
+  network itself). Without NIXL, ``smfree-nixl`` is a ValueError naming
+  what to install.
 
-``smfree-rdma`` names the unimplemented RDMA slot and is refused like any
-unknown name: a ValueError whose one line lists the alternatives.
+An unknown name is a ValueError whose one line lists the alternatives.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
 
 from freescale.comm.gloo_transport import GlooTransport, new_gloo_group
 from freescale.comm.hier import RoutedTransport, hierarchical_all_gather
+from freescale.comm.nixl_support import INSTALL_HINT, missing_message, nixl_installed
 from freescale.comm.shm_transport import ShmTransport
 from freescale.comm.smfree import DEFAULT_TIMEOUT, SmFreeCommunicator
 from freescale.comm.topology import Topology, detect_topology
 from freescale.comm.torch_backend import TorchCommunicator
 from freescale.comm.transport import Copier, Transport
 
-TRANSPORTS = ("shm", "gloo", "hier")
+TRANSPORTS = ("shm", "gloo", "hier", "nixl")
 BACKENDS = ("torch", "smfree", *(f"smfree-{t}" for t in TRANSPORTS))
 DEFAULT_POOL_BYTES = 64 << 20
 _SLOTS = 2  # shm slots per peer: chunk k+1 is written while chunk k is read
@@ -39,6 +44,8 @@ def make_communicator(
     timeout: float = DEFAULT_TIMEOUT,
     pool_bytes: int = DEFAULT_POOL_BYTES,
     ranks_per_host: int | None = None,
+    staging: str = "auto",
+    nixl_backend: str = "UCX",
 ) -> Any:
     """Build the named Communicator on ``device`` (collective: every rank calls it).
 
@@ -46,13 +53,18 @@ def make_communicator(
     naming it. ``pool_bytes``: host buffer budget per rank (shared segment
     and/or pinned staging); larger messages are sent in chunks.
     ``ranks_per_host``: emulate hosts of that many ranks (tests); default:
-    torchrun's variables (`freescale.comm.topology`).
+    torchrun's variables (`freescale.comm.topology`). ``staging`` (host |
+    device | auto) and ``nixl_backend`` (UCX | LIBFABRIC): where the NIXL
+    transport's buffers live and which engine moves them
+    (`freescale.comm.nixl_support`).
     """
     if backend not in BACKENDS:
-        extra = " (the RDMA transport is an unimplemented slot)" if "rdma" in backend else ""
+        extra = " (RDMA: smfree-nixl)" if "rdma" in backend else ""
         raise ValueError(
             f"unknown comm backend {backend!r}{extra}; choose one of: {', '.join(BACKENDS)}"
         )
+    if backend == "smfree-nixl" and not nixl_installed():
+        raise ValueError(missing_message("comm backend smfree-nixl"))
     if backend == "torch":
         return TorchCommunicator(device=device)
     if pool_bytes < 4096:
@@ -62,7 +74,7 @@ def make_communicator(
         dev = torch.device("cuda", torch.cuda.current_device())
     group = new_gloo_group(timeout)
     topo = detect_topology(group, ranks_per_host)
-    name = backend.partition("-")[2] or _auto(topo)
+    name, why = (backend.partition("-")[2], "forced") if backend != "smfree" else _auto(topo)
     if name == "shm" and topo.num_hosts > 1:
         raise ValueError(
             f"comm backend smfree-shm needs one host, found {topo.num_hosts} ({topo.source});"
@@ -70,14 +82,28 @@ def make_communicator(
         )
     copier = Copier(dev)
     rank = dist.get_rank()
-    transport, gather = _transport(name, group, topo, rank, copier, timeout, pool_bytes)
-    return SmFreeCommunicator(transport, copier, gather)
+    options = _Options(timeout, pool_bytes, staging, nixl_backend)
+    transport, gather = _transport(name, group, topo, rank, copier, options)
+    return SmFreeCommunicator(transport, copier, gather, why=why)
 
 
-def _auto(topo: Topology) -> str:
+class _Options(NamedTuple):
+    timeout: float
+    pool_bytes: int
+    staging: str
+    nixl_backend: str
+
+
+def _auto(topo: Topology) -> tuple[str, str]:
+    """The transport ``smfree`` picks for ``topo``, and why."""
     if len(topo.hosts) == 1:
-        return "gloo"
-    return "shm" if topo.num_hosts == 1 else "hier"
+        return "gloo", "one rank"
+    if topo.num_hosts == 1:
+        return "shm", f"one host ({topo.source})"
+    hosts = f"{topo.num_hosts} hosts ({topo.source})"
+    if nixl_installed():
+        return "hier-nixl", f"{hosts}: shm inside a host, NIXL between hosts"
+    return "hier", f"{hosts}: shm inside, gloo between; NIXL is not installed: {INSTALL_HINT}"
 
 
 def _chunk(pool_bytes: int, parts: int) -> int:
@@ -85,25 +111,35 @@ def _chunk(pool_bytes: int, parts: int) -> int:
     return max(4096, (pool_bytes // max(parts, 1)) // 4096 * 4096)
 
 
+def _nixl(group: Any, peers: list[int], copier: Copier, o: _Options) -> Any:
+    from freescale.comm.nixl_transport import NixlTransport  # imports NIXL
+
+    # Per peer: _SLOTS receive slots and one send slot.
+    chunk = _chunk(o.pool_bytes, (_SLOTS + 1) * len(peers))
+    store = dist.distributed_c10d._get_default_store()  # the run's own: no new port
+    return NixlTransport(
+        group, store, peers, copier, chunk, o.timeout, backend=o.nixl_backend, staging=o.staging
+    )
+
+
 def _transport(
-    name: str,
-    group: Any,
-    topo: Topology,
-    rank: int,
-    copier: Copier,
-    timeout: float,
-    pool_bytes: int,
+    name: str, group: Any, topo: Topology, rank: int, copier: Copier, o: _Options
 ) -> tuple[Transport, Any]:
-    world = len(topo.hosts)
+    world, timeout, pool_bytes = len(topo.hosts), o.timeout, o.pool_bytes
     local = topo.local_ranks(rank)
     if name == "gloo":
         return GlooTransport(group, copier, _chunk(pool_bytes, 2 * (world - 1)), timeout), None
+    if name == "nixl":
+        return _nixl(group, [g for g in range(world) if g != rank], copier, o), None
     shm = ShmTransport(group, local, copier, _chunk(pool_bytes, len(local) * _SLOTS), timeout)
     if name == "shm":
         return shm, None
     remote = [g for g in range(world) if g not in local]
-    gloo = GlooTransport(group, copier, _chunk(pool_bytes, 2 * len(remote)), timeout, remote)
-    routed = RoutedTransport(shm, gloo, local)
+    if name == "hier-nixl":
+        between: Any = _nixl(group, remote, copier, o)
+    else:
+        between = GlooTransport(group, copier, _chunk(pool_bytes, 2 * len(remote)), timeout, remote)
+    routed = RoutedTransport(shm, between, local)
     if not topo.uniform() or topo.num_hosts == 1:
         return routed, None  # flat pairwise AllGather (hosts of different sizes)
     chunk = min(routed.chunk_bytes, _chunk(pool_bytes, world))

@@ -1,9 +1,10 @@
-"""Several hosts: shared memory inside a host, gloo between hosts (paper Fig. 6).
+"""Several hosts: shared memory inside a host, NIXL or gloo between hosts (paper Fig. 6).
 
 `RoutedTransport` sends each pair's bytes the cheapest way: through the shm
-transport when both ranks share a host, through gloo otherwise (both halves
-of a round run at once: the gloo half is posted first and waited last).
-AllToAll uses it as is.
+transport when both ranks share a host, through the remote transport
+otherwise (`NixlTransport` where NIXL is installed, else `GlooTransport`;
+both halves of a round run at once: the remote half is posted first and
+completed last). AllToAll uses it as is.
 
 `hierarchical_all_gather` is the AllGather of Fig. 6, rail-aligned. With H
 hosts of L ranks each, the ranks with local index l on every host form a
@@ -27,41 +28,60 @@ other (no overlap of chunk k's ring with chunk k-1's host phase yet).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any, Protocol
 
 from torch import Tensor
 
-from freescale.comm.gloo_transport import GlooTransport
 from freescale.comm.shm_transport import ShmTransport
 from freescale.comm.topology import Topology
 from freescale.comm.transport import Copier, Transfer, pinned_empty, split
 
 
+class SplitRound(Protocol):
+    """A transport whose round can be started and finished apart (gloo, nixl)."""
+
+    name: str
+
+    @property
+    def chunk_bytes(self) -> int: ...
+
+    def post(self, sends: Sequence[Transfer], recvs: Sequence[Transfer]) -> Any: ...
+
+    def complete(self, pending: Any) -> None: ...
+
+    def exchange(self, sends: Sequence[Transfer], recvs: Sequence[Transfer]) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class RoutedTransport:
-    """shm for ranks of this host, gloo for the others (see module doc)."""
+    """shm for ranks of this host, ``remote`` for the others (see module doc).
 
-    name = "hier"
+    Its name is ``hier`` with gloo between hosts, ``hier-nixl`` with NIXL.
+    """
 
-    def __init__(self, shm: ShmTransport, gloo: GlooTransport, local_ranks: Sequence[int]) -> None:
-        self.shm, self.gloo = shm, gloo
+    def __init__(self, shm: ShmTransport, remote: SplitRound, local_ranks: Sequence[int]) -> None:
+        self.shm, self.remote = shm, remote
+        self.name = "hier" if remote.name == "gloo" else f"hier-{remote.name}"
         self._local = set(local_ranks)
 
     @property
     def chunk_bytes(self) -> int:
-        return min(self.shm.chunk_bytes, self.gloo.chunk_bytes)
+        return min(self.shm.chunk_bytes, self.remote.chunk_bytes)
 
     def exchange(self, sends: Sequence[Transfer], recvs: Sequence[Transfer]) -> None:
-        pending = self.gloo.post(
+        pending = self.remote.post(
             [t for t in sends if t[0] not in self._local],
             [t for t in recvs if t[0] not in self._local],
         )
         self.shm.exchange(
             [t for t in sends if t[0] in self._local], [t for t in recvs if t[0] in self._local]
         )
-        self.gloo.complete(pending)
+        self.remote.complete(pending)
 
     def close(self) -> None:
         self.shm.close()
-        self.gloo.close()
+        self.remote.close()
 
 
 def hierarchical_all_gather(
@@ -96,7 +116,7 @@ def hierarchical_all_gather(
         H = len(hosts)
         for s in range(H - 1):
             send_g, recv_g = rail[(me_h - s) % H], rail[(me_h - s - 1) % H]
-            routed.gloo.exchange([(nxt, piece(send_g))], [(prv, piece(recv_g))])
+            routed.remote.exchange([(nxt, piece(send_g))], [(prv, piece(recv_g))])
         for h in hosts:
             src = piece(rails[h][me_l])
             routed.shm.exchange(

@@ -124,7 +124,8 @@ class SmFreeCommunicator:
     Build it with `freescale.comm.make_communicator`, which builds the
     transport for the topology (a collective over all ranks of the default
     group: every rank calls it, in the same order). ``all_gather_impl``
-    replaces the flat AllGather (the hierarchical one for several hosts).
+    replaces the flat AllGather (the hierarchical one for several hosts);
+    ``why``: how the transport was chosen (the run summary shows it).
     """
 
     def __init__(
@@ -132,12 +133,14 @@ class SmFreeCommunicator:
         transport: Transport,
         copier: Copier,
         all_gather_impl: Callable[[Copier, Tensor, Tensor], None] | None = None,
+        why: str = "",
     ) -> None:
         if not dist.is_initialized():
             raise ValueError("SmFreeCommunicator needs an initialized torch.distributed group")
         self._rank, self._world_size = dist.get_rank(), dist.get_world_size()
         self._device = copier.device
         self.transport = transport
+        self.why = why
         self._gather_impl = all_gather_impl
         self._lock = threading.Lock()
         self._worker = _Worker(copier)

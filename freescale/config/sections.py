@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from freescale.comm import BACKENDS as COMM_BACKENDS
+from freescale.comm.nixl_support import STAGINGS as COMM_STAGINGS
+from freescale.comm.nixl_support import missing_message, nixl_installed
 
 MODES = ("sync", "sdd", "freescale")
 BALANCE = ("none", "fbs", "vbs", "cost")
@@ -276,10 +278,14 @@ class PipelineSection:
     # stream, so "auto" runs freescale there with sdd's schedule (same numbers,
     # less work); "on" keeps the split at any world size
     prioritize: str = "auto"
-    comm_backend: str = "torch"  # torch | smfree[-shm|-gloo|-hier] (docs/comm.md)
+    comm_backend: str = "torch"  # torch | smfree[-shm|-gloo|-hier|-nixl] (docs/comm.md)
     # backend of the exchanges issued ahead of their use (balancer stage III, the
     # embedding prefetches, deferred gradients); empty: the same as comm_backend
     comm_overlapped: str = ""
+    # the NIXL transport's buffers: host (pinned, D2H/H2D staged) | device (GPU memory
+    # registered, GPUDirect) | auto (device where UCX takes GPU memory); its engine
+    comm_staging: str = "auto"
+    comm_nixl_backend: str = "UCX"  # UCX | LIBFABRIC (EFA)
     sync_debug: bool = False  # print every host wait for the GPU (after warm-up)
 
     def __post_init__(self) -> None:
@@ -287,6 +293,11 @@ class PipelineSection:
         _choice("pipeline.comm_backend", self.comm_backend, COMM_BACKENDS)
         if self.comm_overlapped:
             _choice("pipeline.comm_overlapped", self.comm_overlapped, COMM_BACKENDS)
+        _choice("pipeline.comm_staging", self.comm_staging, COMM_STAGINGS)
+        _choice("pipeline.comm_nixl_backend", self.comm_nixl_backend, ("UCX", "LIBFABRIC"))
+        for key in ("comm_backend", "comm_overlapped"):
+            if getattr(self, key) == "smfree-nixl" and not nixl_installed():
+                raise ValueError(missing_message(f"pipeline.{key}=smfree-nixl"))
 
 
 @dataclass(frozen=True)

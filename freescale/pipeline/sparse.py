@@ -98,6 +98,28 @@ def schedule_name(mode: str, prioritize: str, world: int) -> str:
     return mode
 
 
+def _communicator(name: str, device: torch.device, options: dict[str, Any]) -> Any:
+    return (
+        make_communicator(name, device, **options)
+        if name != "torch"
+        else make_communicator(name, device)
+    )
+
+
+def comm_summary(backend: str, comm: Any) -> dict[str, Any]:
+    """The summary's word on one communicator: its backend, and for smfree the
+    transport that ran, why, and where the NIXL transport staged its buffers."""
+    out: dict[str, Any] = {"backend": backend}
+    transport = getattr(comm, "transport", None)
+    if transport is None:
+        return out
+    out.update(transport=transport.name, why=getattr(comm, "why", ""))
+    nixl = getattr(transport, "remote", transport)
+    if getattr(nixl, "name", "") == "nixl":
+        out.update(staging=nixl.staging, staging_why=nixl.staging_why, engine=nixl.backend)
+    return out
+
+
 class SparseSide:
     """The model's tables, sharded over the ranks, and the schedule of ``mode``."""
 
@@ -113,15 +135,28 @@ class SparseSide:
     ) -> None:
         """``run``: its mode, and its steps (where an lr schedule ends)."""
         mode, self.steps = run.mode, run.steps
-        self.comm = make_communicator(pipeline.comm_backend, device)
+        # A silent peer fails the run after run.timeout_s, naming it.
+        options = {
+            "timeout": run.timeout_s,
+            "staging": pipeline.comm_staging,
+            "nixl_backend": pipeline.comm_nixl_backend,
+        }
+        self.comm = _communicator(pipeline.comm_backend, device, options)
         self.overlap_comm = self.comm
         if pipeline.comm_overlapped and pipeline.comm_overlapped != pipeline.comm_backend:
-            self.overlap_comm = make_communicator(pipeline.comm_overlapped, device)
+            self.overlap_comm = _communicator(pipeline.comm_overlapped, device, options)
         self.schedule_name = schedule_name(mode, pipeline.prioritize, world)
         self.embeddings = self._collection(model, section, device, timer)
         self.swapped = {p: model.get_submodule(p) for p in model.sharded_modules}  # type: ignore[union-attr]
         self.table_entries = TableEntries(self.embeddings)  # what checkpoints hold
         self.schedule = Schedule(self.embeddings, device, timer.section)
+
+    def comm_summary(self, pipeline: PipelineSection) -> dict[str, Any]:
+        """The summary's ``comm``: each communicator's backend and the transport that ran."""
+        out = {"comm_backend": comm_summary(pipeline.comm_backend, self.comm)}
+        if self.overlap_comm is not self.comm:
+            out["comm_overlapped"] = comm_summary(pipeline.comm_overlapped, self.overlap_comm)
+        return out
 
     def _collection(
         self, model: nn.Module, section: EmbeddingsSection, device: torch.device, timer: Any

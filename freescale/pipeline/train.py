@@ -219,16 +219,16 @@ class Trainer:
 
     def _summary(self, first: int, step: int, start: float, final: dict) -> dict[str, Any]:
         extra: dict[str, Any] = {
-            "mode": self.cfg.run.mode,
-            "schedule": self.schedule_name,
+            "mode": self.cfg.run.mode, "schedule": self.schedule_name,
             "world_size": self.world,
             "device": str(self.device),
             "wall_s": time.perf_counter() - start,
             "first_step": first,
             "nonfinite_skipped": self.dense.nonfinite.skipped,
-        }
+        }  # fmt: skip
         extra["resumed"] = self.state.resumed() if self.state.data_position else None
-        extra.update({**self.dense.graph_summary(), **self.dense.attention_summary()})
+        extra.update({**self.dense.graph_summary(), **self.dense.attention_summary()},
+                     comm=self.sparse.comm_summary(self.cfg.pipeline))  # fmt: skip
         if final:
             extra["eval"] = final
             if samples := final.get("data", {}).get("train_samples"):  # unknown when streamed

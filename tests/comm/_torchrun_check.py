@@ -1,7 +1,8 @@
 """Run by `test_smfree_torchrun.py` under torchrun (2 "nodes" x 2 ranks on 127.0.0.1).
 
 Checks that the smfree communicator finds the hosts from torchrun's variables
-(2 hosts x 2 local ranks), uses shm inside a host and gloo between, and
+(2 hosts x 2 local ranks), uses shm inside a host and NIXL between (gloo
+without NIXL), and
 returns exactly what the torch backend returns. Writes one JSON file per
 rank into the folder given as the first argument (the ranks of one launcher
 share its stdout, where lines may interleave).
@@ -17,6 +18,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from freescale.comm import make_communicator
+from freescale.comm.nixl_support import nixl_installed
 from tests.comm._smfree_cases import POOL, compare
 
 
@@ -38,6 +40,8 @@ def main() -> None:
     }
     comm.close()
     facts.update(compare("smfree"))
+    if nixl_installed():
+        facts["nixl"] = compare("smfree-nixl")  # NIXL between every pair
     Path(sys.argv[1], f"rank{rank}.json").write_text(json.dumps(facts))
     dist.destroy_process_group()
 

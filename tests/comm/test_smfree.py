@@ -20,7 +20,7 @@ from freescale.comm import (
     Work,
     make_communicator,
 )
-from freescale.comm.rdma import RdmaTransport
+from freescale.comm.nixl_support import INSTALL_HINT, nixl_installed
 from freescale.comm.shm_transport import SHM_DIR
 from freescale.comm.topology import host_key
 from freescale.testing import run_ranks
@@ -35,17 +35,23 @@ CASES = [
     ("smfree-hier", 2, 1),  # 2 hosts x 1 rank: the ring alone
     ("smfree-hier", 6, 2),  # 3 hosts x 2 ranks
     ("smfree-hier", 3, 2),  # hosts of 2 and 1 ranks: routed pairwise AllGather
-    ("smfree", 4, 2),  # auto: several hosts -> hier
+    ("smfree", 4, 2),  # auto: several hosts -> hier-nixl (hier without NIXL)
+    *(("smfree-nixl", w, None) for w in (2, 3)),
+    *(pytest.param("smfree-nixl", w, None, marks=pytest.mark.slow) for w in (1, 4)),
+    pytest.param("smfree-nixl", 4, 2, marks=pytest.mark.slow),  # forced across emulated hosts
 ]
+NIXL = nixl_installed()
 
 
 @pytest.mark.parametrize(("backend", "world_size", "ranks_per_host"), CASES)
 def test_smfree_equals_torch_backend(backend, world_size, ranks_per_host):
+    if "nixl" in backend and not NIXL:
+        pytest.skip(f"NIXL is not installed ({INSTALL_HINT})")
     per_rank = run_ranks(compare, world_size, backend, ranks_per_host, timeout=120)
     for info in per_rank:
         assert info["diff"] == [], info
         assert info["keys"] == 16
-        auto = "shm" if ranks_per_host is None else "hier"
+        auto = "shm" if ranks_per_host is None else ("hier-nixl" if NIXL else "hier")
         assert info["transport"] == (auto if backend == "smfree" else backend[len("smfree-") :])
         if world_size > 1:
             assert info["largest"] > 4 * info["chunk"], "the large cases must span several chunks"
@@ -59,7 +65,16 @@ def _first_principles(backend: str) -> list[str]:
     return [{k: (str(v.dtype), v.float().tolist(), tuple(v.shape)) for k, v in got.items()}]
 
 
-@pytest.mark.parametrize("backend", ["smfree-shm", "smfree-gloo"])
+TRANSPORT_BACKENDS = [
+    "smfree-shm",
+    "smfree-gloo",
+    pytest.param(
+        "smfree-nixl", marks=pytest.mark.skipif(not NIXL, reason=f"no NIXL ({INSTALL_HINT})")
+    ),
+]
+
+
+@pytest.mark.parametrize("backend", TRANSPORT_BACKENDS)
 def test_smfree_matches_first_principles(backend):
     from tests.comm.test_torch_backend import _from_lists
 
@@ -83,7 +98,7 @@ def _issue_is_asynchronous(backend: str) -> dict:
     return {"issue_s": issue_s, "total_s": total_s, "ok": ok}
 
 
-@pytest.mark.parametrize("backend", ["smfree-shm", "smfree-gloo"])
+@pytest.mark.parametrize("backend", TRANSPORT_BACKENDS)
 def test_issuing_returns_at_once(backend):
     r0, _ = run_ranks(_issue_is_asynchronous, 2, backend, timeout=60)
     assert r0["ok"]
@@ -118,7 +133,7 @@ def _peer_fails(backend: str, how: str, timeout: float, marker: str) -> dict:
     return result
 
 
-@pytest.mark.parametrize("backend", ["smfree-shm", "smfree-gloo"])
+@pytest.mark.parametrize("backend", TRANSPORT_BACKENDS)
 @pytest.mark.parametrize("how", ["stall", "exit"])
 def test_dead_or_stalled_peer_is_named_within_the_timeout(backend, how, tmp_path):
     timeout, marker = 3.0, str(tmp_path / "result")
@@ -172,10 +187,10 @@ def _hosts_detected(ranks_per_host: int) -> dict:
     return out
 
 
-def test_emulated_hosts_use_shm_inside_and_gloo_between():
+def test_emulated_hosts_use_shm_inside_and_nixl_or_gloo_between():
     per_rank = run_ranks(_hosts_detected, 4, 2, timeout=60)
     assert [i["local"] for i in per_rank] == [[0, 1], [0, 1], [2, 3], [2, 3]]
-    assert {i["transport"] for i in per_rank} == {"hier"}
+    assert {i["transport"] for i in per_rank} == {"hier-nixl" if NIXL else "hier"}
 
 
 def test_host_key_sources():
@@ -193,8 +208,7 @@ def test_bad_choices_raise_one_line_naming_the_alternatives():
         with pytest.raises(ValueError) as info:
             make_communicator(name, "cpu")
         assert "\n" not in str(info.value) and all(b in str(info.value) for b in BACKENDS)
-    with pytest.raises(NotImplementedError, match="unmeasured"):
-        RdmaTransport()
+    assert "smfree-nixl" in BACKENDS
 
 
 def _shm_across_hosts() -> str:

@@ -16,10 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from freescale.comm.nixl_support import nixl_installed
 from freescale.testing.multirank import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 LIMIT_S = 150
+NIXL = nixl_installed()
 
 
 def _launch_two_nodes(*script: str) -> list[str]:
@@ -69,16 +71,20 @@ def test_torchrun_two_nodes_detects_hosts_and_matches_torch(tmp_path):
     assert sorted(r["rank"] for r in results) == [0, 1, 2, 3]
     assert sorted(r["node"] for r in results) == [0, 0, 1, 1]
     for r in results:
-        assert r["transport"] == "hier" and r["hierarchical_gather"], r
+        assert r["transport"] == ("hier-nixl" if NIXL else "hier"), r
+        assert r["hierarchical_gather"], r
         assert r["shm_peers"] == r["same_node"] and len(r["same_node"]) == 2, r
         assert r["diff"] == [] and r["keys"] == 16, r
+        if NIXL:
+            nixl = r["nixl"]
+            assert nixl["transport"] == "nixl" and nixl["diff"] == [] and nixl["keys"] == 16, r
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["sdd"])
+@pytest.mark.parametrize("mode", ["sync", "sdd", "freescale"])
 def test_torchrun_two_nodes_training_matches_torch(mode, tmp_path):
     losses = {}
-    for backend in ("torch", "smfree"):
+    for backend in ("torch", "smfree", *(("smfree-nixl",) if NIXL else ())):
         metrics = tmp_path / f"{backend}.jsonl"
         outputs = _launch_two_nodes(
             "-m", "freescale.cli.main", "train", "--mode", mode,
@@ -87,7 +93,11 @@ def test_torchrun_two_nodes_training_matches_torch(mode, tmp_path):
             "--set", f"metrics_path={metrics}",
         )  # fmt: skip
         # Rank 0's summary, from whichever launcher the rendezvous gave rank 0.
-        assert '"world_size": 4' in "".join(outputs)
+        summary = next(json.loads(s) for s in "".join(outputs).splitlines() if '"world_size"' in s)
+        assert summary["world_size"] == 4
+        ran = summary["comm"]["comm_backend"].get("transport")
+        assert ran == {"torch": None, "smfree": "hier-nixl" if NIXL else "hier"}.get(backend, ran)
         losses[backend] = [json.loads(s)["loss"] for s in metrics.read_text().splitlines()]
     assert len(losses["torch"]) == 5
-    assert losses["torch"] == losses["smfree"]
+    for backend in losses:
+        assert losses["torch"] == losses[backend], backend

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from freescale.config import build_config
+from freescale.comm.nixl_support import INSTALL_HINT, nixl_installed
+from freescale.config import MODES, build_config
 from freescale.pipeline.train import Trainer
 from freescale.testing import run_ranks
 from tests.pipeline.test_train import assert_same_run
@@ -16,6 +17,7 @@ def _train(overrides: list[str]) -> dict:
     trainer.run()
     return {
         "comm": type(trainer.comm).__name__,
+        "transport": getattr(getattr(trainer.comm, "transport", None), "name", None),
         "overlap": type(trainer.overlap_comm).__name__,
         "losses": [s["loss"] for s in trainer.summary.steps],
         "evals": [e["ne"] for e in trainer.summary.evals],
@@ -65,3 +67,22 @@ def test_comm_backend_is_validated():
         build_config("demo", ["comm_backend=nccl"])
     with pytest.raises(ValueError, match="comm_overlapped must be one of torch, smfree"):
         build_config("demo", ["comm_overlapped=nvlink"])
+
+
+NIXL_RUNS = [
+    *(pytest.param(m, 2, marks=pytest.mark.slow) for m in ("sync", "sdd")),
+    ("freescale", 2),
+    *(pytest.param(m, w, marks=pytest.mark.slow) for w in (1, 3, 4) for m in MODES),
+]
+
+
+@pytest.mark.skipif(not nixl_installed(), reason=f"no NIXL ({INSTALL_HINT})")
+@pytest.mark.parametrize(("mode", "world"), NIXL_RUNS)
+def test_smfree_nixl_training_is_bit_identical_to_torch(mode, world):
+    overrides = [f"mode={mode}", "balance=fbs"] if world > 1 else [f"mode={mode}"]
+    torch_runs = run_ranks(_train, world, [*overrides, "comm_backend=torch"], timeout=240)
+    nixl_runs = run_ranks(_train, world, [*overrides, "comm_backend=smfree-nixl"], timeout=240)
+    for a, b in zip(torch_runs, nixl_runs, strict=True):
+        assert b["comm"] == "SmFreeCommunicator" and b["transport"] == "nixl"
+        assert len(a["losses"]) == 6
+        assert_same_run(a, b)

@@ -8,12 +8,14 @@ ended and the last lines of its stderr, and leaves no process behind
 never started ends it too, with 143.
 """
 
+import os
 import signal
 import textwrap
 import time
 
 import pytest
 
+from freescale.comm.nixl_support import nixl_installed
 from freescale.testing.processes import Finished, children, python, run_session
 
 LIMIT_S = 30  # the issue's bound for a rank's death to end the run
@@ -54,6 +56,17 @@ def _check_ended(run: Finished, *expected: str) -> None:
 def test_a_rank_killed_mid_run_ends_the_run():
     run = _train("model.die=kill", "model.die_step=3")
     _check_ended(run, "killed by signal 9 (SIGKILL)", "_dying_model: rank dies (kill)")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not nixl_installed(), reason="no NIXL (pip install 'freescale[rdma]')")
+def test_a_rank_killed_mid_run_on_nixl_ends_the_run_and_leaves_nothing():
+    shm_before = set(os.listdir("/dev/shm"))
+    run = _train("model.die=kill", "model.die_step=3", "pipeline.comm_backend=smfree-nixl")
+    _check_ended(run, "killed by signal 9 (SIGKILL)")
+    # UCX's or NIXL's (other jobs on the machine may create files of their own meanwhile)
+    left = {f for f in set(os.listdir("/dev/shm")) - shm_before if "ucx" in f or "nixl" in f}
+    assert left == set(), left
 
 
 @pytest.mark.slow
