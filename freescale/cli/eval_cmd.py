@@ -6,8 +6,8 @@ import argparse
 import json
 from dataclasses import replace
 
-from freescale.cli.config_args import add_code_args, notice
-from freescale.config import CheckpointSection, OutputSection, TrainConfig
+from freescale.cli.config_args import add_code_args
+from freescale.config import BalanceSection, CheckpointSection, OutputSection, TrainConfig
 from freescale.config.files import load_config
 from freescale.run.run_dir import in_run_dir
 from freescale.serving.checkpoint import confirm_code
@@ -40,14 +40,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run_eval(args: argparse.Namespace) -> int:
     given = None
     if args.config is not None:
-        given = in_run_dir(load_config(args.config, on_deprecated=notice))
+        given = in_run_dir(load_config(args.config))
     where = args.checkpoint or (given.checkpoint.dir if given else "")
     if not where:
         raise ValueError("which checkpoint? name it, or give a --config with checkpoint.dir")
     found = find_checkpoint(where)
     if found is None:
         raise ValueError(f"no complete checkpoint in {where!r}")
-    manifest = read_manifest(found)  # its config: nested, or flat (older checkpoints)
+    manifest = read_manifest(found)
     saved = given or TrainConfig.from_dict(manifest["config"])
     if given is None:  # the checkpoint's config: it may not choose the code that runs
         confirm_code(saved, args.model, args.data, "eval")
@@ -55,6 +55,7 @@ def run_eval(args: argparse.Namespace) -> int:
         saved.with_values(
             checkpoint=CheckpointSection(resume=str(found)),
             output=OutputSection(progress=False),  # writes nothing: the summary line is its output
+            balance=BalanceSection(),  # evaluation balances nothing: no partitioner is imported
         ),
         eval_only=True,
     )

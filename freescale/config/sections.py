@@ -11,10 +11,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from freescale.balance.registry import check_partitioner_name
 from freescale.comm import BACKENDS as COMM_BACKENDS
 
 MODES = ("sync", "sdd", "freescale")
-BALANCE = ("none", "fbs", "vbs", "cost")
 DEVICES = ("auto", "cpu", "cuda")
 EMB_OPTIMIZERS = ("sgd", "adagrad", "adam")
 PLACEMENTS = ("device", "host")  # `freescale.embedding.config.PLACEMENTS`
@@ -242,13 +242,14 @@ class DenseSection:
 class BalanceSection:
     """Sequence load balancing (docs/balance.md)."""
 
-    method: str = "none"  # none | fbs | vbs | cost
+    # none | fbs | vbs | cost | a register_partitioner name | module:qualname (user code)
+    method: str = "none"
     plan_process: str = "auto"  # partition in a helper process: auto (on GPUs) | on | off
     counts: str = "equal"  # method=cost: equal | variable local batch sizes
     max_local_batch: int = 0  # counts=variable: per-rank cap (0: 2 x batch_size)
 
     def __post_init__(self) -> None:
-        _choice("balance.method", self.method, BALANCE)
+        check_partitioner_name(self.method, "balance.method")
         _choice("balance.plan_process", self.plan_process, ("auto", "on", "off"))
         _choice("balance.counts", self.counts, ("equal", "variable"))
         if self.counts == "variable" and self.method != "cost":

@@ -8,7 +8,7 @@ from freescale.pipeline.train import Trainer
 from freescale.testing import run_ranks
 from tests.pipeline.test_train import assert_same_run
 
-COMMON = ["steps=6", "warmup=1", "eval_every=0", "progress=false"]
+COMMON = ["run.steps=6", "run.warmup=1", "evaluation.every=0", "output.progress=false"]
 
 
 def _train(overrides: list[str]) -> dict:
@@ -28,16 +28,16 @@ def _train(overrides: list[str]) -> dict:
 @pytest.mark.parametrize(
     "setting",
     [
-        pytest.param("mode=sync", marks=pytest.mark.slow),
-        pytest.param("mode=sdd", marks=pytest.mark.slow),
-        pytest.param("mode=sdd,balance=fbs", marks=pytest.mark.slow),
-        "mode=freescale,balance=fbs",
+        pytest.param("run.mode=sync", marks=pytest.mark.slow),
+        pytest.param("run.mode=sdd", marks=pytest.mark.slow),
+        pytest.param("run.mode=sdd,balance=fbs", marks=pytest.mark.slow),
+        "run.mode=freescale,balance=fbs",
     ],
 )
 def test_smfree_training_is_bit_identical_to_torch(setting):
     overrides = setting.split(",")
-    torch_runs = run_ranks(_train, 2, [*overrides, "comm_backend=torch"], timeout=240)
-    smfree_runs = run_ranks(_train, 2, [*overrides, "comm_backend=smfree"], timeout=240)
+    torch_runs = run_ranks(_train, 2, [*overrides, "pipeline.comm_backend=torch"], timeout=240)
+    smfree_runs = run_ranks(_train, 2, [*overrides, "pipeline.comm_backend=smfree"], timeout=240)
     for a, b in zip(torch_runs, smfree_runs, strict=True):
         assert (a["comm"], b["comm"]) == ("TorchCommunicator", "SmFreeCommunicator")
         assert len(a["losses"]) == 6
@@ -48,9 +48,9 @@ def test_smfree_training_is_bit_identical_to_torch(setting):
 def test_overlapped_categories_on_smfree_are_bit_identical_to_torch(mode):
     """Prefetches, deferred gradients and balancer stage III on smfree, the
     blocking exchanges on torch: the same numbers as all on torch."""
-    overrides = [f"mode={mode}", "balance=fbs"]
-    torch_runs = run_ranks(_train, 2, [*overrides, "comm_backend=torch"], timeout=240)
-    mixed = run_ranks(_train, 2, [*overrides, "comm_overlapped=smfree"], timeout=240)
+    overrides = [f"run.mode={mode}", "balance=fbs"]
+    torch_runs = run_ranks(_train, 2, [*overrides, "pipeline.comm_backend=torch"], timeout=240)
+    mixed = run_ranks(_train, 2, [*overrides, "pipeline.comm_overlapped=smfree"], timeout=240)
     for a, b in zip(torch_runs, mixed, strict=True):
         assert b["overlap"] == "SmFreeCommunicator" and b["comm"] == "TorchCommunicator"
         assert a["losses"] == b["losses"]
@@ -62,6 +62,6 @@ def test_overlapped_categories_on_smfree_are_bit_identical_to_torch(mode):
 def test_comm_backend_is_validated():
     assert build_config("demo").comm_backend == "torch"
     with pytest.raises(ValueError, match="comm_backend must be one of torch, smfree"):
-        build_config("demo", ["comm_backend=nccl"])
+        build_config("demo", ["pipeline.comm_backend=nccl"])
     with pytest.raises(ValueError, match="comm_overlapped must be one of torch, smfree"):
-        build_config("demo", ["comm_overlapped=nvlink"])
+        build_config("demo", ["pipeline.comm_overlapped=nvlink"])
