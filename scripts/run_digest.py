@@ -24,7 +24,7 @@ from freescale.config import build_config
 from freescale.pipeline.train import Trainer
 from freescale.testing import run_ranks
 
-SHAPE = ["model.dim=256", "item_dim=256", "model.heads=4", "model.layers=4", "run.batch_size=16"]
+SHAPE = ["model.dim=256", "model.heads=4", "model.layers=4", "run.batch_size=16"]
 
 
 def _digest(tensors: list[torch.Tensor]) -> str:

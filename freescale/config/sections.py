@@ -13,11 +13,12 @@ from typing import Any
 
 from freescale.balance.registry import check_partitioner_name
 from freescale.comm import BACKENDS as COMM_BACKENDS
+from freescale.embedding.config import PLACEMENTS
+from freescale.embedding.optim import OPTIMIZERS as EMB_OPTIMIZERS
+from freescale.naming import FORM, is_named
 
 MODES = ("sync", "sdd", "freescale")
 DEVICES = ("auto", "cpu", "cuda")
-EMB_OPTIMIZERS = ("sgd", "adagrad", "adam")
-PLACEMENTS = ("device", "host")  # `freescale.embedding.config.PLACEMENTS`
 TABLE_KEYS = ("placement",)  # embeddings.tables.<name>.<key>
 BUILTIN_MODEL = "freescale.models.sequence:build"
 LR_DECAYS = ("none", "linear", "cosine")
@@ -110,6 +111,13 @@ class DataSection:
         only what they do not: the options' form, the loader, finiteness."""
         if not isinstance(self.options, dict):
             raise ValueError("data options are set as data.KEY=VALUE, one key at a time")
+        from freescale.data.source import BUILTIN_KINDS
+
+        if self.source.partition(":")[0] not in BUILTIN_KINDS and not is_named(self.source):
+            raise ValueError(
+                f"data.source must be one of {', '.join(BUILTIN_KINDS)} (with :PATH for files),"
+                f" or your own data factory as {FORM}; got {self.source!r}"
+            )
         if self.loader_workers < -1:
             raise ValueError(
                 f"data.loader_workers must be -1 (auto) or >= 0, got {self.loader_workers}"
@@ -157,8 +165,8 @@ class ModelSection:
     def __post_init__(self) -> None:
         if not isinstance(self.options, dict):
             raise ValueError("model options are set as model.KEY=VALUE, one key at a time")
-        if ":" not in self.factory:
-            raise ValueError(f"model={self.factory!r} must look like package.module:factory")
+        if not is_named(self.factory):
+            raise ValueError(f"model={self.factory!r} must look like {FORM} (a factory)")
         if self.builtin:
             from freescale.models.sequence import check_options
 
@@ -186,7 +194,7 @@ class EmbeddingsSection:
     tables: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _choice("embeddings.optimizer", self.optimizer, EMB_OPTIMIZERS)
+        _choice("embeddings.optimizer", self.optimizer, tuple(EMB_OPTIMIZERS))
         _choice("embeddings.assignment", self.assignment, ("hashed", "block"))
         _finite("embeddings", "lr", self.lr, 0, strict=True)
         _schedule_keys("embeddings", self)

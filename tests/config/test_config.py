@@ -45,7 +45,9 @@ PLACEHOLDER = re.compile(r"KEY|VALUE|NAME|\.\.\.|^key=|^section\.key=")
         ("model.heads=3", r"model dim \(32\) must be divisible by heads \(3\)"),
         ("model.attention=flash", "model attention must be one of auto, reference, varlen"),
         ("model.width=3", "model: unknown option"),
-        ("model=nocolon", "must look like package.module:factory"),
+        ("model=nocolon", "must look like module:qualname"),
+        ("data=nocolon", "data.source must be one of synthetic, sasrec, movielens, parquet"),
+        ("embeddings.tables.item_emb.placement=disk", "placement must be one of device, host"),
         ("embeddings.optimizer=lamb", "embeddings.optimizer must be one of sgd"),
         ("embeddings.lr=0", "embeddings.lr must be a finite number > 0"),
         ("dense.graph_streams=3", "dense.graph_streams must be 1 or 2"),
@@ -87,6 +89,27 @@ def test_the_model_checks_its_own_options_once():
     assert "% self.heads" not in src and "dim %" not in src
     cfg = build_config("demo", ["model=examples.categories:build", "model.smoothing=0.1"])
     assert cfg.model.options == {"smoothing": 0.1}
+
+
+def test_names_are_the_owning_packages():
+    """The config keeps no list of names: a partitioner registered, a table
+    optimizer or a comm backend added where it lives is one the config takes."""
+    from freescale.balance import register_partitioner, registry
+    from freescale.balance.fbs import identity
+    from freescale.comm import BACKENDS
+    from freescale.embedding.optim import OPTIMIZERS, SGD
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(registry, "_USER", {})  # (registered names last for the process)
+        register_partitioner("stay_put", identity)
+        assert build_config("demo", ["balance=stay_put"]).balance.method == "stay_put"
+        mp.setitem(OPTIMIZERS, "plain_sgd", SGD)
+        assert build_config("demo", ["embeddings.optimizer=plain_sgd"])
+    for backend in BACKENDS:
+        assert build_config("demo", [f"pipeline.comm_backend={backend}"])
+    src = (ROOT / "freescale/config/sections.py").read_text()
+    assert '"adagrad"' not in src.split("class EmbeddingsSection")[0]  # no copy of the list
+    assert '"fbs"' not in src
 
 
 # ---- sections, options, shorthands -----------------------------------------------------
