@@ -33,7 +33,11 @@ def kernel_resources() -> list[dict]:
     from freescale.kernels.attention import triton_hstu_bwd, triton_hstu_fwd
 
     out = []
-    for fn in (triton_hstu_fwd._fwd_kernel, triton_hstu_bwd._dq_kernel, triton_hstu_bwd._dkdv_kernel):
+    for fn in (
+        triton_hstu_fwd._fwd_kernel,
+        triton_hstu_bwd._dq_kernel,
+        triton_hstu_bwd._dkdv_kernel,
+    ):
         for cache in getattr(fn, "device_caches", {}).values():
             for key, k in cache[0].items():
                 md = k.metadata
