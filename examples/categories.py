@@ -20,7 +20,7 @@ Train it (any mode, balancer, world size)::
 or from Python (docs/your-model.md)::
 
     from examples.categories import build, data
-    result = freescale.train(model=build, data=data(num_categories=50), steps=50)
+    result = freescale.train(model=build, data=data(num_categories=50), run={"steps": 50})
 
 or from a file with a category column (docs/train-on-your-data.md): write
 one from a SASRec file, then read the column as features at both levels::

@@ -60,7 +60,7 @@ def test_overlapped_categories_on_smfree_are_bit_identical_to_torch(mode):
 
 
 def test_comm_backend_is_validated():
-    assert build_config("demo").comm_backend == "torch"
+    assert build_config("demo").pipeline.comm_backend == "torch"
     with pytest.raises(ValueError, match="comm_backend must be one of torch, smfree"):
         build_config("demo", ["pipeline.comm_backend=nccl"])
     with pytest.raises(ValueError, match="comm_overlapped must be one of torch, smfree"):

@@ -89,8 +89,9 @@ def test_modes_are_bit_identical_at_every_world_size(world, balance):
 
 def test_python_api_gives_summary_steps_and_the_plain_model():
     result = freescale.train(
-        model=build, data=data(num_categories=30), nproc=1, steps=6, warmup=1,
-        eval_every=0, progress=False, state_dict=True, mode="freescale",
+        model=build, data=data(num_categories=30), state_dict=True,
+        run={"nproc": 1, "steps": 6, "warmup": 1, "mode": "freescale"},
+        evaluation={"every": 0}, output={"progress": False},
     )  # fmt: skip
     assert result is not None and len(result.steps) == 6
     assert result.summary["steps"] == 6 and result.steps[-1]["loss"] > 0
