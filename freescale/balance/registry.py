@@ -45,7 +45,7 @@ def register_partitioner(name: str, fn: Partitioner) -> None:
 def check_partitioner_name(name: str, key: str = "partitioner") -> None:
     """One-line ValueError unless ``name`` is a partitioner's name (user code
     is only checked for its form here: `resolve_partitioner` imports it)."""
-    if name in _BUILTIN or name in _USER or is_named(name):
+    if isinstance(name, str) and (name in _BUILTIN or name in _USER or is_named(name)):
         return
     raise ValueError(
         f"{key} must be one of {', '.join(partitioner_names())}, or your own partitioner"

@@ -190,3 +190,5 @@ def test_user_code_that_does_not_import_is_one_line_before_any_rank(user_code, c
 def test_python_refuses_a_partitioner_it_cannot_name():
     with pytest.raises(ValueError, match="has no module:qualname name that imports it"):
         freescale.train(balance=lambda world, runtime: None, run={"nproc": 2})
+    with pytest.raises(ValueError, match=r"balance\.method must be one of none, fbs.*; got 3"):
+        freescale.train(balance=3, run={"nproc": 2})
