@@ -3,10 +3,10 @@
 The older build is a tree holding its ``freescale`` package, made with
 ``git archive COMMIT freescale | tar x -C .base``. Each run is a fresh
 ``python -m freescale.cli.main train`` of one build (run in its tree, which
-is also first on ``PYTHONPATH``) with the same flat ``--set`` keys, which
-every build since the CLI began accepts; a run's step time is its summary's
-``step_ms`` (mean after warm-up). Runs alternate base, new, base, new, ... so drift on the
-machine falls on both builds alike.
+is also first on ``PYTHONPATH``) with the same ``section.key`` ``--set`` keys,
+which every build since the config had sections (53f02fb) accepts; a run's
+step time is its summary's ``step_ms`` (mean after warm-up). Runs alternate
+base, new, base, new, ... so drift on the machine falls on both builds alike.
 
 Parameters (``[params]``): ``base`` (the older tree), ``rounds``, ``preset``,
 ``common`` (``--set`` keys of every run), ``points`` (label -> keys of that

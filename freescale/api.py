@@ -29,21 +29,14 @@ object's ``module:qualname``, and ``model={...}`` holds its options only).
 from __future__ import annotations
 
 import os
-import warnings
 from dataclasses import dataclass, replace
 from typing import Any
 
 from torch import Tensor
 
-from freescale.config import (
-    ALIASES,
-    BUILTIN_MODEL,
-    SECTIONS,
-    SHORTHANDS,
-    TrainConfig,
-    build_config,
-    notice_text,
-)
+from freescale.config import BUILTIN_MODEL, SECTIONS, SHORTHANDS, TrainConfig, build_config
+from freescale.config.builder import unknown_key
+from freescale.naming import name_of_callable, python_name
 
 
 @dataclass
@@ -73,9 +66,10 @@ def train(
     model section's keys other than ``factory`` are the factory's options),
     applied to ``config`` or to the ``preset``; a bad key or value is a
     one-line ValueError before anything starts. ``config``: a `TrainConfig` or a
-    TOML file (`freescale.config.files`, read onto ``preset``). The old
-    flat keywords (``steps=100``, ``model_options={...}``) still work, with a
-    DeprecationWarning.
+    TOML file (`freescale.config.files`, read onto ``preset``).
+    ``balance``: a partitioner's name or the partitioner itself, a function
+    ``partition(world, runtime) -> Plan`` defined at a module's top level
+    (the config then names its ``module:qualname``, docs/balance.md).
     """
     from freescale.config.files import load_config
     from freescale.run.launch import launch
@@ -99,8 +93,9 @@ def train(
 
 
 def with_settings(cfg: TrainConfig, settings: dict[str, Any]) -> TrainConfig:
-    """``cfg`` with sections given as dicts (and old flat keys) applied;
-    ``eval_only=True``: restore ``checkpoint.resume`` and evaluate, no training."""
+    """``cfg`` with sections given as dicts (``data``, ``model`` and ``balance``
+    also as a name) applied; ``eval_only=True``: restore ``checkpoint.resume``
+    and evaluate, no training."""
     settings = dict(settings)
     values = cfg.as_dict()
     eval_only = bool(settings.pop("eval_only", cfg.eval_only)) if settings else cfg.eval_only
@@ -110,21 +105,11 @@ def with_settings(cfg: TrainConfig, settings: dict[str, Any]) -> TrainConfig:
         if key in SECTIONS and isinstance(value, dict):
             for name, v in value.items():
                 _put(values, key, name, v, model_options)
-            continue
-        path = ALIASES.get(key) or (SHORTHANDS.get(key) if isinstance(value, str) else None)
-        if path is None:
-            raise ValueError(
-                f"unknown config key {key!r}; give sections as dicts (run={{...}}), "
-                "see `freescale train --print-config`"
-            )
-        if key in ALIASES:
-            warnings.warn(notice_text(key, path), DeprecationWarning, stacklevel=3)
-        section, _, name = path.partition(".")
-        if name == "options":
-            for k, v in value.items():
-                _put(values, section, k, v, model_options)
-        elif key != "item_dim":
+        elif key in SHORTHANDS and (isinstance(value, str) or key == "balance"):
+            section, _, name = SHORTHANDS[key].partition(".")
             _put(values, section, name, value, model_options)
+        else:
+            raise ValueError(unknown_key(key, "give sections as dicts (run={...})"))
     if values["model"]["factory"] != base_factory:
         values["model"]["options"] = model_options  # the preset's were the built-in's
     if not values["model"]["factory"]:
@@ -136,14 +121,10 @@ def with_settings(cfg: TrainConfig, settings: dict[str, Any]) -> TrainConfig:
     return replace(built, eval_only=eval_only)
 
 
-def python_name(obj: Any) -> str:
-    """``module:qualname`` of a factory (or of a model object's class)."""
-    named = obj if hasattr(obj, "__qualname__") else type(obj)
-    return f"{getattr(named, '__module__', '__main__')}:{named.__qualname__}"
-
-
 def _put(values: dict, section: str, name: str, value: Any, model_options: dict) -> None:
     fields = values[section]
+    if (section, name) == ("balance", "method") and callable(value):
+        value = name_of_callable(value, "balance")  # a spawned rank imports it by name
     if section in ("data", "model") and name not in fields:
         fields["options"] = {**fields["options"], name: value}
         if section == "model":

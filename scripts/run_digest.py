@@ -24,7 +24,7 @@ from freescale.config import build_config
 from freescale.pipeline.train import Trainer
 from freescale.testing import run_ranks
 
-SHAPE = ["dim=256", "item_dim=256", "heads=4", "layers=4", "batch_size=16"]
+SHAPE = ["model.dim=256", "model.heads=4", "model.layers=4", "run.batch_size=16"]
 
 
 def _digest(tensors: list[torch.Tensor]) -> str:
@@ -36,7 +36,7 @@ def _digest(tensors: list[torch.Tensor]) -> str:
 
 
 def _run(overrides: list[str]) -> dict[str, Any]:
-    trainer = Trainer(build_config("demo", [*overrides, "progress=false"]))
+    trainer = Trainer(build_config("demo", [*overrides, "output.progress=false"]))
     trainer.run()
     losses = [s["loss"] for s in trainer.summary.steps]
     state = trainer.embeddings.full_optimizer_state("item_emb")
@@ -58,8 +58,8 @@ def main() -> int:
     for world in (int(w) for w in args.worlds.split(",")):
         for mode in args.modes.split(","):
             overrides = [
-                *SHAPE, f"steps={args.steps}", "warmup=1", "eval_every=4", f"mode={mode}",
-                f"nproc={world}",
+                *SHAPE, f"run.steps={args.steps}", "run.warmup=1", "evaluation.every=4",
+                f"run.mode={mode}", f"run.nproc={world}",
             ]  # fmt: skip
             out = run_ranks(_run, world, overrides, timeout=600)
             print(json.dumps({"world": world, "mode": mode, **out[0]}), flush=True)

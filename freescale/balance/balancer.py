@@ -45,6 +45,7 @@ from freescale.balance.vbs import AutoTune, AutoTuneConfig
 from freescale.balance.world import NUM_FEATURES, WorldLengths, sample_features
 from freescale.comm import Communicator, Work
 from freescale.jagged import SampleBatch
+from freescale.naming import python_name
 
 _HEADER = 3  # B_r, C_r, schema fingerprint
 
@@ -250,7 +251,12 @@ class LoadBalancer:
 
     def _partition(self, world: WorldLengths, step: int) -> Plan:
         plan = self.planner(self.partitioner, world, self.runtime_info(step))
-        check_plan(plan, world.world_size, world.total)
+        try:
+            check_plan(plan, world.world_size, world.total)
+        except ValueError as e:  # every rank computed the same plan: all stop here, alike
+            spec = self.config.partitioner
+            name = spec if isinstance(spec, str) else python_name(spec)
+            raise ValueError(f"step {step}: partitioner {name!r} returned a bad plan: {e}") from e
         if self.config.verify_plans:
             digest = torch.tensor([plan.digest()], dtype=torch.int64, device=self.meta.device)
             digests = self.meta.all_gather(digest).wait().cpu().tolist()

@@ -4,9 +4,8 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
-from freescale.config import PRESETS, TrainConfig, build_config, notice_text
+from freescale.config import PRESETS, TrainConfig, build_config
 
 
 def add_config_args(p: argparse.ArgumentParser, what: str = "override a config key") -> None:
@@ -48,14 +47,9 @@ def config_from_args(args: argparse.Namespace, overrides: list[str]) -> TrainCon
     from freescale.run.run_dir import in_run_dir
 
     if args.config is None:
-        cfg = build_config(args.preset, overrides, on_deprecated=notice)
+        cfg = build_config(args.preset, overrides)
     else:
         from freescale.config.files import load_config
 
-        cfg = load_config(args.config, args.preset, overrides, on_deprecated=notice)
+        cfg = load_config(args.config, args.preset, overrides)
     return in_run_dir(cfg)
-
-
-def notice(key: str, path: str) -> None:
-    """One line per old flat key used (`freescale.config.ALIASES`)."""
-    print(f"freescale: {notice_text(key, path)}", file=sys.stderr)

@@ -7,8 +7,8 @@ import json
 import sys
 from dataclasses import replace
 
-from freescale.cli.config_args import add_code_args, notice
-from freescale.config import CheckpointSection, OutputSection, TrainConfig
+from freescale.cli.config_args import add_code_args
+from freescale.config import BalanceSection, CheckpointSection, OutputSection, TrainConfig
 from freescale.config.files import load_config
 from freescale.data.source import schema_of
 from freescale.run.run_dir import in_run_dir
@@ -43,14 +43,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run_eval(args: argparse.Namespace) -> int:
     given = None
     if args.config is not None:
-        given = in_run_dir(load_config(args.config, on_deprecated=notice))
+        given = in_run_dir(load_config(args.config))
     where = args.checkpoint or (given.checkpoint.dir if given else "")
     if not where:
         raise ValueError("which checkpoint? name it, or give a --config with checkpoint.dir")
     found = find_checkpoint(where)
     if found is None:
         raise ValueError(f"no complete checkpoint in {where!r}")
-    manifest = read_manifest(found)  # its config: nested, or flat (older checkpoints)
+    manifest = read_manifest(found)
     saved = given or TrainConfig.from_dict(manifest["config"])
     if given is None:  # the checkpoint's config: it may not choose the code that runs
         confirm_code(saved, args.model, args.data, "eval")
@@ -59,6 +59,7 @@ def run_eval(args: argparse.Namespace) -> int:
         saved.with_values(
             checkpoint=CheckpointSection(resume=str(found)),
             output=OutputSection(progress=False),  # writes nothing: the summary line is its output
+            balance=BalanceSection(),  # evaluation balances nothing: no partitioner is imported
         ),
         eval_only=True,
     )

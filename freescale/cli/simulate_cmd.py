@@ -134,10 +134,9 @@ def _with_config(args: argparse.Namespace) -> None:
     """Fill the arguments not given from ``--config`` (or their defaults)."""
     cfg = None
     if args.config is not None:
-        from freescale.cli.config_args import notice
         from freescale.config.files import load_config
 
-        cfg = load_config(args.config, on_deprecated=notice)
+        cfg = load_config(args.config)
     for dest, get in FROM_CONFIG.items():
         if getattr(args, dest) is None:
             value = get(cfg) if cfg is not None else None

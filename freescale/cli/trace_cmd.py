@@ -17,7 +17,9 @@ from freescale.observe.trace import (
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("trace", help="GPU idle gaps in a profiler trace (and the CPU during them)")
-    p.add_argument("trace", help="Chrome trace (.json or .json.gz) from --set trace_path=...")
+    p.add_argument(
+        "trace", help="Chrome trace (.json or .json.gz) from --set output.trace_path=..."
+    )
     p.add_argument("--min-gap-us", type=float, default=50.0, help="smallest gap listed (µs)")
     p.add_argument("--min-wait-us", type=float, default=1000.0, help="shortest host wait (µs)")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON line")

@@ -10,13 +10,13 @@ communication), ``evaluation``, ``checkpoint``, ``faults`` (injected faults
 and the non-finite guard) and ``output``. `TrainConfig` holds them.
 
 A config is a preset (`presets`, `recipes`) with ``section.key=value``
-settings on top (`builder`: ``--set``; `files`: a TOML file); the flat keys
-of the old single-dataclass config keep working for one release through
-`aliases` (a deprecation notice per old key).
+settings on top (`builder`: ``--set``; `files`: a TOML file). Names of
+components (partitioners, comm backends, embedding optimizers, placements)
+are checked against the package that owns them; user code is named
+``module:qualname`` (`freescale.naming`).
 """
 
-from freescale.config.aliases import ALIASES, SHORTHANDS, notice_text, resolve_alias
-from freescale.config.builder import ConfigBuilder, build_config, known_keys
+from freescale.config.builder import SHORTHANDS, ConfigBuilder, build_config, known_keys
 from freescale.config.files import config_toml, format_config, load_config
 from freescale.config.presets import PRESETS, h200_8k, h200_21k
 from freescale.config.sections import (
@@ -39,7 +39,6 @@ from freescale.config.sections import (
 from freescale.config.train_config import TrainConfig
 
 __all__ = [
-    "ALIASES",
     "BUILTIN_MODEL",
     "MODES",
     "PRESETS",
@@ -65,7 +64,5 @@ __all__ = [
     "h200_21k",
     "known_keys",
     "load_config",
-    "notice_text",
-    "resolve_alias",
     "trace_window",
 ]

@@ -2,21 +2,24 @@
 
 ``data=``, ``model=`` and ``balance=`` are shorthands of ``data.source``,
 ``model.factory`` and ``balance.method``; ``data.KEY`` / ``model.KEY``
-outside the section's fields are options of the data / model factory; an old
-flat key is mapped by `freescale.config.aliases`.
+outside the section's fields are options of the data / model factory. Any
+other key is unknown: one line, naming the nearest key there is.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections.abc import Callable
 from dataclasses import fields
 from typing import Any
 
-from freescale.config.aliases import ALIASES, OPTION_SECTIONS, SHORTHANDS, deprecation_warning
 from freescale.config.presets import PRESETS
 from freescale.config.sections import BUILTIN_MODEL, SECTIONS
 from freescale.config.train_config import TrainConfig
+
+SHORTHANDS = {"data": "data.source", "model": "model.factory", "balance": "balance.method"}
+OPTION_SECTIONS = ("data", "model")  # their other keys are factory options
 
 
 def parse_value(field_type: Any, key: str, text: str) -> Any:
@@ -55,6 +58,32 @@ def known_keys() -> list[str]:
     ]
 
 
+def unknown_key(key: str, how: str = "see `freescale train --print-config`") -> str:
+    """The one line for a key no section has, with the nearest one there is."""
+    near = nearest_key(key)
+    hint = f"did you mean {near!r}? " if near else ""
+    return f"unknown config key {key!r}; {hint}keys are section.key: {how}"
+
+
+def nearest_key(key: str) -> str | None:
+    """The key ``key`` most likely meant: one of the same last name (``steps``:
+    ``run.steps``; ``emb_lr``: ``embeddings.lr``), else the most similar."""
+    keys = [*known_keys(), *(f"model.{k}" for k in _builtin_model_options())]
+    last = key.rpartition(".")[2]
+    for name in (last, last.rpartition("_")[2]):
+        same = [k for k in keys if k.rpartition(".")[2] == name]
+        if same:
+            return max(same, key=lambda k: difflib.SequenceMatcher(None, key, k).ratio())
+    near = difflib.get_close_matches(key, keys, n=1, cutoff=0.75)
+    return near[0] if near else None
+
+
+def _builtin_model_options() -> list[str]:
+    from freescale.models.sequence import with_defaults
+
+    return sorted(with_defaults({}))
+
+
 def _types() -> dict[str, Any]:
     return {f"{n}.{f.name}": f.type for n, cls in SECTIONS.items() for f in fields(cls)}
 
@@ -66,7 +95,6 @@ class _Values:
         self.values = base.as_dict()
         self.base_factory = base.model.factory
         self.set_options: dict[str, Any] = {}  # model options set explicitly
-        self.item_dim: int | None = None
 
     def set(self, path: str, value: Any) -> None:
         section, _, key = path.partition(".")
@@ -95,26 +123,15 @@ class _Values:
             # The preset's options were the built-in model's: another factory gets
             # only those set for it.
             model["options"] = dict(self.set_options)
-        if self.item_dim is not None and self.item_dim != model["options"].get("dim"):
-            raise ValueError(
-                f"item table dim mismatch: item_dim={self.item_dim} but the model's dim is "
-                f"{model['options'].get('dim')} (the table's dim follows model.dim)"
-            )
         return TrainConfig.from_dict(self.values)
 
 
-def build_config(
-    preset: str = "demo",
-    overrides: list[str] | None = None,
-    on_deprecated: Callable[[str, str], None] | None = None,
-) -> TrainConfig:
+def build_config(preset: str = "demo", overrides: list[str] | None = None) -> TrainConfig:
     """A preset with ``section.key=value`` overrides applied; unknown keys are errors.
 
     ``data.KEY=VALUE`` / ``model.KEY=VALUE`` outside the section's fields become
-    options of the data source / model factory (JSON literals, else strings).
-    An old flat key is mapped by `ALIASES` and reported to ``on_deprecated(key,
-    new path)`` (default: a DeprecationWarning)."""
-    builder = ConfigBuilder(preset, on_deprecated)
+    options of the data source / model factory (JSON literals, else strings)."""
+    builder = ConfigBuilder(preset)
     for item in overrides or []:
         key, sep, text = item.partition("=")
         if not sep:
@@ -128,12 +145,9 @@ class ConfigBuilder:
     values of a config file (`set_value`); each key's errors are raised as it
     is set, the sections' own checks at `build`."""
 
-    def __init__(
-        self, preset: str = "demo", on_deprecated: Callable[[str, str], None] | None = None
-    ) -> None:
+    def __init__(self, preset: str = "demo") -> None:
         if preset not in PRESETS:
             raise ValueError(f"unknown preset {preset!r}; presets: {', '.join(PRESETS)}")
-        self.notify = on_deprecated or deprecation_warning
         self.types = _types()
         self.state = _Values(PRESETS[preset]())
 
@@ -157,15 +171,6 @@ class ConfigBuilder:
     def _apply(self, key: str, value: Any, parse: Callable, option: Callable) -> None:
         path = SHORTHANDS.get(key) or key
         section, _, name = path.partition(".")
-        if key in ("data_options", "model_options"):
-            raise ValueError(f"{key} is set as {key.split('_')[0]}.KEY=VALUE, one key at a time")
-        if path not in self.types and key in ALIASES:  # an old flat key
-            path = ALIASES[key]
-            self.notify(key, path)
-            section, _, name = path.partition(".")
-            if key == "item_dim":
-                self.state.item_dim = parse("int", key, value)
-                return
         if section in OPTION_SECTIONS and name and path not in self.types:
             self.state.set(f"{section}.options", {name: option(value)})
             return
@@ -173,12 +178,10 @@ class ConfigBuilder:
             self.state.set_table_key(path, value)
             return
         if path not in self.types:
-            raise ValueError(
-                f"unknown config key {key!r}; keys are section.key: {', '.join(known_keys())}"
-            )
+            raise ValueError(unknown_key(key))
         value = parse(self.types[path], key, value)
         if path == "model.factory" and not value:
-            value = BUILTIN_MODEL  # the old "model=" (empty): the built-in model
+            value = BUILTIN_MODEL  # "model=" (empty): the built-in model
         self.state.set(path, value)
 
 

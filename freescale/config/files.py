@@ -21,13 +21,12 @@ import dataclasses
 import os
 import re
 import tomllib
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import tomli_w
 
-from freescale.config.aliases import OPTION_SECTIONS
-from freescale.config.builder import ConfigBuilder
+from freescale.config.builder import OPTION_SECTIONS, ConfigBuilder
 from freescale.config.sections import SECTIONS
 from freescale.config.train_config import TrainConfig
 
@@ -65,7 +64,6 @@ def load_config(
     path: str | os.PathLike,
     preset: str = "demo",
     overrides: Iterable[str] = (),
-    on_deprecated: Callable[[str, str], None] | None = None,
 ) -> TrainConfig:
     """The config of the TOML file ``path`` on ``preset``, ``overrides``
     (``section.key=value``) applied on top; ValueError (one line) naming the
@@ -81,7 +79,7 @@ def load_config(
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ValueError(where.syntax(str(e))) from None
-    builder = ConfigBuilder(preset, on_deprecated)
+    builder = ConfigBuilder(preset)
     for key, value, section in _items(doc):
         try:
             _set(builder, key, value, section)
@@ -107,7 +105,7 @@ def load_config(
 
 def _items(doc: dict[str, Any]) -> list[tuple[str, Any, str]]:
     """``(key, value, section)`` of a parsed file in its order, as ``--set`` keys:
-    ``section.key`` in tables, shorthands and old flat keys at the top."""
+    ``section.key`` in tables, shorthands at the top."""
     out = []
     for name, value in doc.items():
         if name in SECTIONS and isinstance(value, dict):

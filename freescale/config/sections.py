@@ -12,15 +12,16 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from freescale.balance.registry import check_partitioner_name
 from freescale.comm import BACKENDS as COMM_BACKENDS
 from freescale.comm.nixl_support import STAGINGS as COMM_STAGINGS
 from freescale.comm.nixl_support import missing_message, nixl_installed
+from freescale.embedding.config import PLACEMENTS
+from freescale.embedding.optim import OPTIMIZERS as EMB_OPTIMIZERS
+from freescale.naming import FORM, is_named
 
 MODES = ("sync", "sdd", "freescale")
-BALANCE = ("none", "fbs", "vbs", "cost")
 DEVICES = ("auto", "cpu", "cuda")
-EMB_OPTIMIZERS = ("sgd", "adagrad", "adam")
-PLACEMENTS = ("device", "host")  # `freescale.embedding.config.PLACEMENTS`
 TABLE_KEYS = ("placement",)  # embeddings.tables.<name>.<key>
 BUILTIN_MODEL = "freescale.models.sequence:build"
 LR_DECAYS = ("none", "linear", "cosine")
@@ -123,6 +124,13 @@ class DataSection:
             object.__setattr__(self, "ids", os.path.abspath(os.path.expanduser(self.ids)))
         if not isinstance(self.options, dict):
             raise ValueError("data options are set as data.KEY=VALUE, one key at a time")
+        from freescale.data.source import BUILTIN_KINDS
+
+        if self.source.partition(":")[0] not in BUILTIN_KINDS and not is_named(self.source):
+            raise ValueError(
+                f"data.source must be one of {', '.join(BUILTIN_KINDS)} (with :PATH for files),"
+                f" or your own data factory as {FORM}; got {self.source!r}"
+            )
         if self.loader_workers < -1:
             raise ValueError(
                 f"data.loader_workers must be -1 (auto) or >= 0, got {self.loader_workers}"
@@ -170,8 +178,8 @@ class ModelSection:
     def __post_init__(self) -> None:
         if not isinstance(self.options, dict):
             raise ValueError("model options are set as model.KEY=VALUE, one key at a time")
-        if ":" not in self.factory:
-            raise ValueError(f"model={self.factory!r} must look like package.module:factory")
+        if not is_named(self.factory):
+            raise ValueError(f"model={self.factory!r} must look like {FORM} (a factory)")
         if self.builtin:
             from freescale.models.sequence import check_options
 
@@ -199,7 +207,7 @@ class EmbeddingsSection:
     tables: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _choice("embeddings.optimizer", self.optimizer, EMB_OPTIMIZERS)
+        _choice("embeddings.optimizer", self.optimizer, tuple(EMB_OPTIMIZERS))
         _choice("embeddings.assignment", self.assignment, ("hashed", "block"))
         _finite("embeddings", "lr", self.lr, 0, strict=True)
         _schedule_keys("embeddings", self)
@@ -255,13 +263,14 @@ class DenseSection:
 class BalanceSection:
     """Sequence load balancing (docs/balance.md)."""
 
-    method: str = "none"  # none | fbs | vbs | cost
+    # none | fbs | vbs | cost | a register_partitioner name | module:qualname (user code)
+    method: str = "none"
     plan_process: str = "auto"  # partition in a helper process: auto (on GPUs) | on | off
     counts: str = "equal"  # method=cost: equal | variable local batch sizes
     max_local_batch: int = 0  # counts=variable: per-rank cap (0: 2 x batch_size)
 
     def __post_init__(self) -> None:
-        _choice("balance.method", self.method, BALANCE)
+        check_partitioner_name(self.method, "balance.method")
         _choice("balance.plan_process", self.plan_process, ("auto", "on", "off"))
         _choice("balance.counts", self.counts, ("equal", "variable"))
         if self.counts == "variable" and self.method != "cost":

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from freescale.config.aliases import ALIASES, nested_from_flat, notice_text
 from freescale.config.sections import (
     DROPOUT_KEYS,
     SECTIONS,
@@ -76,19 +74,6 @@ class TrainConfig:
             if warmup >= steps:
                 raise ValueError(f"{name}.lr_warmup ({warmup}) must be < the run's steps ({steps})")
 
-    def __getattr__(self, name: str) -> Any:
-        """An old flat key read as an attribute (``cfg.batch_size``): its
-        section's value, with a DeprecationWarning (one release)."""
-        path = ALIASES.get(name) if not name.startswith("_") else None
-        if path is None:
-            raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
-        warnings.warn(notice_text(name, path), DeprecationWarning, stacklevel=2)
-        section, _, key = path.partition(".")
-        values = getattr(self, section)
-        if section == "model" and key != "options":
-            return values.options.get(key)
-        return getattr(values, key)
-
     def as_dict(self) -> dict[str, Any]:
         """``{section: {key: value}}`` (what manifests and --print-config hold)."""
         out = {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
@@ -96,9 +81,12 @@ class TrainConfig:
 
     @staticmethod
     def from_dict(values: dict[str, Any]) -> TrainConfig:
-        """The inverse of `as_dict`; a flat dict (an old manifest) is mapped by `ALIASES`."""
-        if not any(isinstance(v, dict) and k in SECTIONS for k, v in values.items()):
-            values = nested_from_flat(values)
+        """The inverse of `as_dict`; ValueError naming a key that is no section."""
+        unknown = [k for k in values if k not in SECTIONS and k != "eval_only"]
+        if unknown:
+            raise ValueError(
+                f"a config holds the sections {', '.join(SECTIONS)}; got {unknown[0]!r}"
+            )
         sections = {k: SECTIONS[k](**v) for k, v in values.items() if k in SECTIONS}
         return TrainConfig(**sections, eval_only=bool(values.get("eval_only", False)))
 

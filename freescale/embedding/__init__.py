@@ -16,9 +16,9 @@ from freescale.embedding.config import ShardingPlan, TableConfig
 from freescale.embedding.modes import Mode, Prioritized, SparseDataDist, Sync
 from freescale.embedding.optim import SGD, Adam, OptimizerConfig, RowwiseAdagrad
 from freescale.embedding.scaling import global_count
-from freescale.embedding.sharding import RowSharding
 from freescale.embedding.state.checkpoint import TableEntries, load, save
 from freescale.embedding.swap import ShardedEmbedding, ShardedTorchRecCollection, swap
+from freescale.kernels.shard import RowSharding
 
 __all__ = [
     "SGD",

@@ -49,10 +49,10 @@ from freescale.embedding.modes import Mode, Sync
 from freescale.embedding.nonfinite import NonFiniteGuard
 from freescale.embedding.preflight import Request, make_request
 from freescale.embedding.prioritized import CollisionStats
-from freescale.embedding.sharding import RowSharding
 from freescale.embedding.store import ShardStore
 from freescale.jagged import JaggedTensor
 from freescale.jagged.interop import embeddings_to_torchrec, is_kjt, kjt_to_features
+from freescale.kernels.shard import RowSharding
 
 Features = Mapping[str, JaggedTensor | Tensor]
 Outputs = dict[str, JaggedTensor | Tensor]

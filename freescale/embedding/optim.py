@@ -184,6 +184,12 @@ class Adam(_Base):
 
 
 OptimizerConfig = SGD | RowwiseAdagrad | Adam
+# The names a config chooses a table optimizer by (``embeddings.optimizer``).
+OPTIMIZERS: dict[str, type[OptimizerConfig]] = {
+    "sgd": SGD,
+    "adagrad": RowwiseAdagrad,
+    "adam": Adam,
+}
 
 
 def apply_rows(

@@ -32,10 +32,10 @@ from freescale.embedding._ops import sum_duplicates
 from freescale.embedding.config import Placement, TableConfig
 from freescale.embedding.host_tier import HostTier, host_tensor
 from freescale.embedding.optim import OptimizerConfig, Scalar, apply_rows, make_state
-from freescale.embedding.sharding import RowSharding
 from freescale.jagged.ops import copy_to_host, host_to_device, side_stream, wait_for_copy
 from freescale.kernels import gather_rows
 from freescale.kernels.backend import choose_impl, triton_module
+from freescale.kernels.shard import RowSharding
 
 _KIND_CODE = {"block": 0, "hashed": 1}
 

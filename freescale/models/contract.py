@@ -49,9 +49,6 @@ samples); bit-identical modes need nothing more.
 
 from __future__ import annotations
 
-import importlib
-import os
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -59,6 +56,7 @@ from torch import Tensor, nn
 
 from freescale.jagged.batch import SampleBatch
 from freescale.models.loss import bce_loss_and_sum, softmax_loss_and_sum
+from freescale.naming import load_named
 
 
 class RecModel(nn.Module):
@@ -101,23 +99,9 @@ def check_objective(objective: str) -> None:
 
 
 def load_object(spec: str, what: str) -> Callable[..., Any]:
-    """``package.module:name`` -> that object (a factory); one-line ValueError otherwise.
-
-    Importing runs the module's code: name only code you trust (docs/security.md).
-    """
-    module_name, sep, name = spec.partition(":")
-    if not sep or not module_name or not name:
-        raise ValueError(f"{what}={spec!r} must look like package.module:factory")
-    if os.getcwd() not in sys.path:  # as `python -m` and uvicorn do: the user's own code
-        sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ValueError(f"{what}={spec!r}: cannot import {module_name!r} ({e})") from None
-    obj = getattr(module, name, None)
-    if obj is None or not callable(obj):
-        raise ValueError(f"{what}={spec!r}: {module_name} has no callable {name!r}")
-    return obj
+    """``module:qualname`` -> that object (a factory); one-line ValueError otherwise
+    (`freescale.naming`). Importing runs the module's code: name only code you trust."""
+    return load_named(spec, what)
 
 
 def check_model(model: Any, where: str) -> None:

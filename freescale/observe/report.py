@@ -24,7 +24,7 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}:{line_no}: not a JSON line ({e.msg})") from None
     if not records or "step" not in records[0]:
-        raise ValueError(f"{path}: no step records (write one with --set metrics_path=...)")
+        raise ValueError(f"{path}: no step records (write one with --set output.metrics_path=...)")
     return records
 
 

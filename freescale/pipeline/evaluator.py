@@ -26,6 +26,18 @@ from freescale.state.run_state import DenseState
 EVAL_STEP_OFFSET = 10_000_000  # held-out synthetic samples: far from any training step
 
 
+def best_weights(
+    section: EvaluationSection, model: nn.Module, source: Any, embeddings: Any
+) -> BestWeights | None:
+    """The best evaluation's weights that ``evaluation.keep_best`` keeps (else
+    None): built before the evaluator and the run state, which both hold them."""
+    if not section.keep_best:
+        return None
+    if not hasattr(source, "eval_batch"):
+        raise ValueError("evaluation.keep_best needs file data (data=sasrec:PATH, ...)")
+    return BestWeights(section, DenseState(model, embeddings), embeddings)
+
+
 class Evaluator:
     """``heldout()`` every ``every`` steps, ``final()`` at the end.
 
@@ -43,19 +55,17 @@ class Evaluator:
         world: int,
         batch_size: int,
         device: torch.device,
+        best: BestWeights | None = None,
         samples_before: Callable[[int], int] | None = None,
     ) -> None:
-        """``samples_before(step)``: training samples consumed before ``step``, all
-        ranks, resumed segments at other world sizes included (the best's epoch)."""
+        """``best``: `best_weights`; ``samples_before(step)``: training samples
+        consumed before ``step``, all ranks, resumed segments at other world
+        sizes included (the best's epoch)."""
         self.section, self.model, self.source = section, model, source
         self.samples_before = samples_before
         self.embeddings, self.schedule = embeddings, schedule
         self.rank, self.world, self.batch_size, self.device = rank, world, batch_size, device
-        self.best: BestWeights | None = None
-        if section.keep_best:
-            if not self.ranked:
-                raise ValueError("evaluation.keep_best needs file data (data=sasrec:PATH, ...)")
-            self.best = BestWeights(section, DenseState(model, embeddings), embeddings)
+        self.best = best
 
     @property
     def stop(self) -> bool:

@@ -30,7 +30,7 @@ from freescale.observe.sync_debug import report_host_syncs
 from freescale.observe.timing import ONE_RANK_TIMED, SectionTimer
 from freescale.pipeline.balancing import Feed, balance_stage, host_lengths
 from freescale.pipeline.dense import DenseTraining
-from freescale.pipeline.evaluator import Evaluator
+from freescale.pipeline.evaluator import Evaluator, best_weights
 from freescale.pipeline.faults import Faults
 from freescale.pipeline.inputs import InputAgreement, Limits, check_all_rows, find_problem
 from freescale.pipeline.liveness import Liveness, gloo_group
@@ -48,58 +48,50 @@ class Trainer:
     profiler (not started) replacing the one ``cfg.output`` asks for."""
 
     def __init__(
-        self,
-        cfg: TrainConfig,
-        model: Any = None,
-        data: DataSource | None = None,
+        self, cfg: TrainConfig, model: Any = None, data: DataSource | None = None,
         profiler: Any = None,
-    ) -> None:
-        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+    ) -> None:  # fmt: skip
+        self.rank, self.world = rank, world = dist.get_rank(), dist.get_world_size()
         self.device = device = pick_device(cfg.run)
         seed_everything(cfg.run)
-        cfg, self.source = open_data(cfg, self.world, data)  # run.epochs: its steps in cfg
+        cfg, self.source = open_data(cfg, world, data)  # run.epochs: its steps in cfg
         self.cfg, run = cfg, cfg.run
-        group = gloo_group(run.timeout_s) if self.world > 1 else None  # never waits for a GPU
-        check_all_rows(self.source, group, self.rank, self.world)  # every row, before step 0
+        group = gloo_group(run.timeout_s) if world > 1 else None  # never waits for a GPU
+        check_all_rows(self.source, group, rank, world)  # every row, before step 0
         self.schema = schema_of(self.source)
-        check_host_tier(cfg, self.schema, model, self.world)  # before the model takes memory
+        check_host_tier(cfg, self.schema, model, world)  # before the model takes memory
         with device:  # initialize on the device: large tables init in ms, not minutes
             self.model = build_model(cfg.model, self.schema, model).to(device)
-        # One rank exchanges nothing: its communication sections would time
-        # identities. Only the data wait (and the host tier's) is read there.
-        self.timer = SectionTimer(device, ONE_RANK_TIMED if self.world == 1 else None)
-        self.sparse = sparse = SparseSide(
-            self.model, cfg.embeddings, cfg.pipeline, run, self.world, device, self.timer
-        )
-        self.embeddings, self.schedule = sparse.embeddings, sparse.schedule
-        self.comm, self.overlap_comm = sparse.comm, sparse.overlap_comm
-        self.dense = DenseTraining(
-            self.model, cfg.dense, cfg.faults, sparse.guard, device, self.timer,
-            run.batch_size * cfg.data.max_uih, run,  # the most UIH tokens of a batch; the run
-        )  # fmt: skip
+        # one rank exchanges nothing: only its data (and host tier) waits are timed
+        self.timer = timer = SectionTimer(device, ONE_RANK_TIMED if world == 1 else None)
+        sparse = SparseSide(self.model, cfg.embeddings, cfg.pipeline, run, world, device, timer)
+        self.sparse, self.embeddings, self.schedule = sparse, sparse.embeddings, sparse.schedule
+        tokens = run.batch_size * cfg.data.max_uih  # the most UIH tokens of a batch
+        self.dense = DenseTraining(self.model, cfg.dense, cfg.faults, sparse.guard, device, timer,
+                                   tokens, run)  # fmt: skip
         self.optimizer, self.default_loss = self.dense.optimizer, has_default_loss(self.model)
-        self.balance = balance_stage(
-            cfg.balance, run, sparse.overlap_comm, self.timer, device, self.model
-        )
-        self.metrics = StepMetrics(
-            cfg.output, self.rank, run, device, self.timer, group, self.default_loss,
-        )  # fmt: skip
+        self.balance = balance_stage(cfg.balance, run, sparse.overlap_comm, timer, device,
+                                     self.model)  # fmt: skip
+        self.metrics = StepMetrics(cfg.output, rank, run, device, timer, group, self.default_loss)
         self.summary = self.metrics.summary
-        self.liveness = Liveness(self.rank, self.world, run.timeout_s)
-        self.inputs = InputAgreement(group, self.rank, self.world, Limits.of(self.schema))
-        self.evaluator = Evaluator(
-            cfg.evaluation, self.model, self.source, self.embeddings, self.schedule,
-            self.rank, self.world, run.batch_size, device, lambda s: self.state.samples_before(s),
-        )  # fmt: skip
-        replicated = {"model": DenseState(self.model, self.embeddings), "optimizer": self.optimizer}
+        self.liveness = Liveness(rank, world, run.timeout_s)
+        self.inputs = InputAgreement(group, rank, world, Limits.of(self.schema))
+        best = best_weights(cfg.evaluation, self.model, self.source, self.embeddings)
         self.state = RunState(
-            cfg.checkpoint, cfg.as_dict(), group, self.world, run.batch_size,
-            self.sparse.table_entries,
-            {**replicated, "balancer": self.balance} if self.balance else replicated,
-            self.schedule.flush, self.evaluator.best, self.source,  # keep_best: checkpointed too
+            cfg.checkpoint, cfg.as_dict(), group, world, run.batch_size, sparse.table_entries,
+            self._replicated(), self.schedule.flush, best, self.source,  # keep_best: checkpointed
         )  # fmt: skip
-        self.faults = Faults(cfg.faults, self.rank, device)
-        self.profiler, self.schedule_name = profiler, self.sparse.schedule_name
+        self.evaluator = Evaluator(
+            cfg.evaluation, self.model, self.source, self.embeddings, self.schedule, rank, world,
+            run.batch_size, device, best, self.state.samples_before,
+        )  # fmt: skip
+        self.faults = Faults(cfg.faults, rank, device)
+        self.profiler, self.schedule_name = profiler, sparse.schedule_name
+
+    def _replicated(self) -> dict[str, Any]:
+        """What every rank holds alike and a checkpoint saves once (`RunState`)."""
+        out = {"model": DenseState(self.model, self.embeddings), "optimizer": self.optimizer}
+        return {**out, "balancer": self.balance} if self.balance is not None else out
 
     def dense_state_dict(self) -> dict[str, Tensor]:
         """The model's state without the sharded tables (no collective)."""

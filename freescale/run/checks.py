@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from freescale.balance import resolve_partitioner
 from freescale.config import TrainConfig
 from freescale.config.files import config_toml
 from freescale.data.source import BUILTIN_KINDS, STREAMS
@@ -72,6 +73,7 @@ def check_launch(cfg: TrainConfig, model_given: bool = False) -> None:
         raise ValueError(f"data file {path!r} ({kind}) does not exist or is not a file{hint}")
     if not cfg.model.builtin and not model_given:
         load_object(cfg.model.factory, "model")  # importable, before any rank starts
+    resolve_partitioner(cfg.balance.method, "balance.method")  # user code: importable too
     for key in ("metrics_path", "trace_path"):
         value = getattr(cfg.output, key)
         if value:

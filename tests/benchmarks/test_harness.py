@@ -244,6 +244,8 @@ def test_a_missing_input_stops_the_run_with_one_line(monkeypatch, capsys):
     monkeypatch.setenv("FREESCALE_BEAUTY", "/nonexistent/beauty.txt")
     assert "is not a file" in load("quality").missing_inputs()[0]
     assert setting("data", "sasrec:${FREESCALE_BEAUTY}") == "data=sasrec:/nonexistent/beauty.txt"
+
+
 def test_ab_runs_each_build_from_its_own_tree(tmp_path):
     """A base tree's package, not this checkout's: ``-m`` puts the working
     directory first on sys.path, which from the repository root shadowed it."""

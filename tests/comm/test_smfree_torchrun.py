@@ -88,9 +88,9 @@ def test_torchrun_two_nodes_training_matches_torch(mode, tmp_path):
         metrics = tmp_path / f"{backend}.jsonl"
         outputs = _launch_two_nodes(
             "-m", "freescale.cli.main", "train", "--mode", mode,
-            "--set", "steps=5", "--set", "warmup=1", "--set", "eval_every=0",
-            "--set", "progress=false", "--set", f"comm_backend={backend}",
-            "--set", f"metrics_path={metrics}",
+            "--set", "run.steps=5", "--set", "run.warmup=1", "--set", "evaluation.every=0",
+            "--set", "output.progress=false", "--set", f"pipeline.comm_backend={backend}",
+            "--set", f"output.metrics_path={metrics}",
         )  # fmt: skip
         # Rank 0's summary, from whichever launcher the rendezvous gave rank 0.
         summary = next(json.loads(s) for s in "".join(outputs).splitlines() if '"world_size"' in s)

@@ -9,7 +9,7 @@ from freescale.pipeline.train import Trainer
 from freescale.testing import run_ranks
 from tests.pipeline.test_train import assert_same_run
 
-COMMON = ["steps=6", "warmup=1", "eval_every=0", "progress=false"]
+COMMON = ["run.steps=6", "run.warmup=1", "evaluation.every=0", "output.progress=false"]
 
 
 def _train(overrides: list[str]) -> dict:
@@ -30,16 +30,16 @@ def _train(overrides: list[str]) -> dict:
 @pytest.mark.parametrize(
     "setting",
     [
-        pytest.param("mode=sync", marks=pytest.mark.slow),
-        pytest.param("mode=sdd", marks=pytest.mark.slow),
-        pytest.param("mode=sdd,balance=fbs", marks=pytest.mark.slow),
-        "mode=freescale,balance=fbs",
+        pytest.param("run.mode=sync", marks=pytest.mark.slow),
+        pytest.param("run.mode=sdd", marks=pytest.mark.slow),
+        pytest.param("run.mode=sdd,balance=fbs", marks=pytest.mark.slow),
+        "run.mode=freescale,balance=fbs",
     ],
 )
 def test_smfree_training_is_bit_identical_to_torch(setting):
     overrides = setting.split(",")
-    torch_runs = run_ranks(_train, 2, [*overrides, "comm_backend=torch"], timeout=240)
-    smfree_runs = run_ranks(_train, 2, [*overrides, "comm_backend=smfree"], timeout=240)
+    torch_runs = run_ranks(_train, 2, [*overrides, "pipeline.comm_backend=torch"], timeout=240)
+    smfree_runs = run_ranks(_train, 2, [*overrides, "pipeline.comm_backend=smfree"], timeout=240)
     for a, b in zip(torch_runs, smfree_runs, strict=True):
         assert (a["comm"], b["comm"]) == ("TorchCommunicator", "SmFreeCommunicator")
         assert len(a["losses"]) == 6
@@ -50,9 +50,9 @@ def test_smfree_training_is_bit_identical_to_torch(setting):
 def test_overlapped_categories_on_smfree_are_bit_identical_to_torch(mode):
     """Prefetches, deferred gradients and balancer stage III on smfree, the
     blocking exchanges on torch: the same numbers as all on torch."""
-    overrides = [f"mode={mode}", "balance=fbs"]
-    torch_runs = run_ranks(_train, 2, [*overrides, "comm_backend=torch"], timeout=240)
-    mixed = run_ranks(_train, 2, [*overrides, "comm_overlapped=smfree"], timeout=240)
+    overrides = [f"run.mode={mode}", "balance=fbs"]
+    torch_runs = run_ranks(_train, 2, [*overrides, "pipeline.comm_backend=torch"], timeout=240)
+    mixed = run_ranks(_train, 2, [*overrides, "pipeline.comm_overlapped=smfree"], timeout=240)
     for a, b in zip(torch_runs, mixed, strict=True):
         assert b["overlap"] == "SmFreeCommunicator" and b["comm"] == "TorchCommunicator"
         assert a["losses"] == b["losses"]
@@ -62,11 +62,11 @@ def test_overlapped_categories_on_smfree_are_bit_identical_to_torch(mode):
 
 
 def test_comm_backend_is_validated():
-    assert build_config("demo").comm_backend == "torch"
+    assert build_config("demo").pipeline.comm_backend == "torch"
     with pytest.raises(ValueError, match="comm_backend must be one of torch, smfree"):
-        build_config("demo", ["comm_backend=nccl"])
+        build_config("demo", ["pipeline.comm_backend=nccl"])
     with pytest.raises(ValueError, match="comm_overlapped must be one of torch, smfree"):
-        build_config("demo", ["comm_overlapped=nvlink"])
+        build_config("demo", ["pipeline.comm_overlapped=nvlink"])
 
 
 NIXL_RUNS = [
@@ -79,9 +79,11 @@ NIXL_RUNS = [
 @pytest.mark.skipif(not nixl_installed(), reason=f"no NIXL ({INSTALL_HINT})")
 @pytest.mark.parametrize(("mode", "world"), NIXL_RUNS)
 def test_smfree_nixl_training_is_bit_identical_to_torch(mode, world):
-    overrides = [f"mode={mode}", "balance=fbs"] if world > 1 else [f"mode={mode}"]
-    torch_runs = run_ranks(_train, world, [*overrides, "comm_backend=torch"], timeout=240)
-    nixl_runs = run_ranks(_train, world, [*overrides, "comm_backend=smfree-nixl"], timeout=240)
+    overrides = [f"run.mode={mode}", "balance=fbs"] if world > 1 else [f"run.mode={mode}"]
+    torch_runs = run_ranks(_train, world, [*overrides, "pipeline.comm_backend=torch"], timeout=240)
+    nixl_runs = run_ranks(
+        _train, world, [*overrides, "pipeline.comm_backend=smfree-nixl"], timeout=240
+    )
     for a, b in zip(torch_runs, nixl_runs, strict=True):
         assert b["comm"] == "SmFreeCommunicator" and b["transport"] == "nixl"
         assert len(a["losses"]) == 6

@@ -1,6 +1,6 @@
-"""The configuration by component: sections, their one-line errors, the old
-flat keys (aliases with a notice), presets, --print-config, old manifests and
-the keys the README and docs use."""
+"""The configuration by component: sections, their one-line errors, unknown
+keys (the nearest key named), presets, --print-config and the keys the
+README and docs use."""
 
 from __future__ import annotations
 
@@ -10,14 +10,12 @@ import os
 import re
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
 
 from freescale.api import with_settings
 from freescale.config import (
-    ALIASES,
     BUILTIN_MODEL,
     PRESETS,
     SECTIONS,
@@ -25,31 +23,12 @@ from freescale.config import (
     build_config,
     format_config,
 )
-from freescale.state.checkpoint import check_resumable, flat_config
+from freescale.state.checkpoint import check_resumable
 from freescale.state.checkpoint_files import FORMAT
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# Every `--set key=value` of README.md and docs/*.md before the sections
-# (commit aca6152), placeholders left out: they keep working for one release.
-OLD_DOC_KEYS = [
-    "balance=cost", "balance=fbs", "checkpoint_dir=runs/ckpt", "checkpoint_every=50",
-    "comm_backend=smfree", "comm_overlapped=smfree", "data.num_categories=50",
-    "data=csv:users.csv", "data=examples.categories:data", "data=movielens:ml-1m/ratings.dat",
-    "data=package.module:factory", "data=parquet:users.parquet", "data=sasrec:/tmp/taste.txt",
-    "data=sasrec:PATH", "dense_graphs=true", "dense_lr=1e30", "deterministic=true",
-    "emb_lr=1e30", "eval_every=0", "layers=2", "metrics_path=runs/m.jsonl", "model.dim=64",
-    "model.heads=2", "model.layers=2", "model=examples.categories:build",
-    "model=freescale.models.hstu:build", "model=freescale.models.sequence:build",
-    "model=pkg.mod:factory", "nonfinite=skip", "prioritize=on", "samples_per_user=0",
-    "steps=1000", "steps=12", "steps=30", "steps=300", "sync_debug=true", "timeout_s=120",
-    "trace_path=runs/trace.json", "trace_steps=10-12", "warmup=2",
-]  # fmt: skip
 PLACEHOLDER = re.compile(r"KEY|VALUE|NAME|\.\.\.|^key=|^section\.key=")
-
-
-def _quiet(overrides: list[str], preset: str = "demo") -> TrainConfig:
-    return build_config(preset, overrides, on_deprecated=lambda key, path: None)
 
 
 # ---- every section's validation: one line, naming section.key ------------------------
@@ -67,12 +46,14 @@ def _quiet(overrides: list[str], preset: str = "demo") -> TrainConfig:
         ("model.heads=3", r"model dim \(32\) must be divisible by heads \(3\)"),
         ("model.attention=flash", "model attention must be one of auto, reference, varlen"),
         ("model.width=3", "model: unknown option"),
-        ("model=nocolon", "must look like package.module:factory"),
+        ("model=nocolon", "must look like module:qualname"),
+        ("data=nocolon", "data.source must be one of synthetic, sasrec, movielens, parquet"),
+        ("embeddings.tables.item_emb.placement=disk", "placement must be one of device, host"),
         ("embeddings.optimizer=lamb", "embeddings.optimizer must be one of sgd"),
         ("embeddings.lr=0", "embeddings.lr must be a finite number > 0"),
         ("dense.graph_streams=3", "dense.graph_streams must be 1 or 2"),
         ("dense.amp=fp8", "dense.amp must be one of none, bf16"),
-        ("balance=round", "balance.method must be one of none, fbs, vbs, cost"),
+        ("balance=round", "balance.method must be one of none, fbs, vbs, cost, or your own"),
         ("balance.counts=variable", "balance.counts=variable needs balance.method=cost"),
         ("pipeline.comm_backend=nccl", "pipeline.comm_backend must be one of"),
         ("pipeline.prioritize=off", "pipeline.prioritize must be one of auto, on"),
@@ -84,7 +65,11 @@ def _quiet(overrides: list[str], preset: str = "demo") -> TrainConfig:
         ("faults.delay_compute_ms=-1", "faults.delay_compute_ms must be a finite number >= 0"),
         ("output.trace_steps=3", "output.trace_steps must look like '10-12'"),
         ("run.steps=many", "expects a int"),
-        ("runs.steps=3", "unknown config key 'runs.steps'"),
+        ("runs.steps=3", "unknown config key 'runs.steps'; did you mean 'run.steps'?"),
+        ("steps=3", "unknown config key 'steps'; did you mean 'run.steps'?"),
+        ("emb_lr=0.1", "unknown config key 'emb_lr'; did you mean 'embeddings.lr'?"),
+        ("dim=64", "unknown config key 'dim'; did you mean 'model.dim'?"),
+        ("stepz=3", "unknown config key 'stepz'; keys are section.key"),
     ],
 )
 def test_each_section_refuses_a_bad_value_in_one_line(override, message):
@@ -107,20 +92,25 @@ def test_the_model_checks_its_own_options_once():
     assert cfg.model.options == {"smoothing": 0.1}
 
 
-def test_the_old_module_path_still_works_for_one_release():
-    code = (
-        "import warnings; warnings.simplefilter('error')\n"
-        "try:\n    import freescale.pipeline.config\nexcept DeprecationWarning as e:\n"
-        "    print(e)\n"
-        "warnings.simplefilter('ignore')\n"
-        "from freescale.pipeline.config import build_config, TrainConfig\n"
-        "assert isinstance(build_config('demo'), TrainConfig)\n"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == (
-        "freescale.pipeline.config moved to freescale.config (this alias goes in the next release)"
-    )
+def test_names_are_the_owning_packages():
+    """The config keeps no list of names: a partitioner registered, a table
+    optimizer or a comm backend added where it lives is one the config takes."""
+    from freescale.balance import register_partitioner, registry
+    from freescale.balance.fbs import identity
+    from freescale.comm import BACKENDS
+    from freescale.embedding.optim import OPTIMIZERS, SGD
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(registry, "_USER", {})  # (registered names last for the process)
+        register_partitioner("stay_put", identity)
+        assert build_config("demo", ["balance=stay_put"]).balance.method == "stay_put"
+        mp.setitem(OPTIMIZERS, "plain_sgd", SGD)
+        assert build_config("demo", ["embeddings.optimizer=plain_sgd"])
+    for backend in BACKENDS:
+        assert build_config("demo", [f"pipeline.comm_backend={backend}"])
+    src = (ROOT / "freescale/config/sections.py").read_text()
+    assert '"adagrad"' not in src.split("class EmbeddingsSection")[0]  # no copy of the list
+    assert '"fbs"' not in src
 
 
 # ---- sections, options, shorthands -----------------------------------------------------
@@ -149,140 +139,6 @@ def test_another_factory_drops_the_presets_builtin_options():
     assert cfg.model.options == {"dim": 8}
 
 
-# ---- the old flat keys -----------------------------------------------------------------
-def test_every_old_key_has_an_alias_to_an_existing_key():
-    old = [
-        "mode",
-        "prioritize",
-        "balance",
-        "plan_process",
-        "balance_counts",
-        "max_local_batch",
-        "nproc",
-        "device",
-        "comm_backend",
-        "comm_overlapped",
-        "steps",
-        "warmup",
-        "batch_size",
-        "seed",
-        "deterministic",
-        "data",
-        "data_options",
-        "num_items",
-        "max_uih",
-        "length_median",
-        "length_sigma",
-        "length_cap",
-        "zipf_alpha",
-        "step_overlap",
-        "max_candidates",
-        "max_content",
-        "samples_per_user",
-        "target_stride",
-        "shuffle",
-        "eval_negatives",
-        "model",
-        "model_options",
-        "dim",
-        "item_dim",
-        "heads",
-        "layers",
-        "attention",
-        "amp",
-        "dense_graphs",
-        "dense_graph_streams",
-        "dense_lr",
-        "emb_optimizer",
-        "emb_lr",
-        "assignment",
-        "eval_every",
-        "eval_batches",
-        "metrics_path",
-        "trace_path",
-        "trace_steps",
-        "progress",
-        "loader_workers",
-        "delay_compute_ms",
-        "delay_loader_ms",
-        "delay_ranks",
-        "sync_debug",
-        "checkpoint_dir",
-        "checkpoint_every",
-        "checkpoint_keep",
-        "resume",
-        "timeout_s",
-        "nonfinite",
-        "nonfinite_max_skips",
-    ]  # fmt: skip  (every field of the flat TrainConfig but eval_only)
-    shorthands = {"data", "model", "balance"}
-    assert set(old) - shorthands <= set(ALIASES)
-    for key in set(old) - shorthands:
-        section, _, name = ALIASES[key].partition(".")
-        assert section in SECTIONS
-        fields = {f.name for f in dataclasses.fields(SECTIONS[section])}
-        assert name in fields or section == "model", key
-
-
-def test_old_keys_map_to_the_same_values_with_one_notice_each():
-    seen = []
-    cfg = build_config(
-        "demo",
-        ["mode=sdd", "batch_size=8", "dim=64", "item_dim=64", "emb_lr=0.1",
-         "dense_graphs=false", "checkpoint_dir=/tmp/x", "eval_every=0", "run.steps=10"],
-        on_deprecated=lambda key, path: seen.append((key, path)),
-    )  # fmt: skip
-    assert cfg == build_config(
-        "demo",
-        ["run.mode=sdd", "run.batch_size=8", "model.dim=64", "embeddings.lr=0.1",
-         "dense.graphs=false", "checkpoint.dir=/tmp/x", "evaluation.every=0", "run.steps=10"],
-    )  # fmt: skip
-    assert [k for k, _ in seen] == [
-        "mode", "batch_size", "dim", "item_dim", "emb_lr", "dense_graphs", "checkpoint_dir",
-        "eval_every",
-    ]  # fmt: skip
-    assert ("emb_lr", "embeddings.lr") in seen
-
-
-def test_library_callers_get_a_deprecation_warning():
-    with pytest.warns(DeprecationWarning, match="'emb_lr' is deprecated.*'embeddings.lr'"):
-        build_config("demo", ["emb_lr=0.1"])
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        build_config("demo", ["embeddings.lr=0.1"])  # new keys: no warning
-
-
-def test_item_dim_must_follow_the_model():
-    with pytest.raises(ValueError, match="item table dim mismatch"):
-        _quiet(["item_dim=16"])
-
-
-def test_the_cli_prints_one_notice_line_per_old_key():
-    proc = subprocess.run(
-        [sys.executable, "-m", "freescale.cli.main", "train", "--set", "emb_lr=0.1",
-         "--set", "steps=9", "--set", "run.warmup=1", "--print-config"],
-        capture_output=True, text=True, timeout=120, cwd=ROOT,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    notices = [line for line in proc.stderr.splitlines() if "deprecated" in line]
-    assert len(notices) == 2 and "'embeddings.lr'" in notices[0]
-    assert '[embeddings]\noptimizer = "adagrad"\nlr = 0.1' in proc.stdout
-    assert "[run]" in proc.stdout and "steps = 9" in proc.stdout
-
-
-def test_the_python_api_takes_sections_and_old_keywords():
-    base = build_config("demo")
-    cfg = with_settings(base, {"run": {"steps": 7}, "model": {"dim": 16}, "data": {"x": 1}})
-    assert cfg.run.steps == 7 and cfg.model.options["dim"] == 16 and cfg.data.options == {"x": 1}
-    with pytest.warns(DeprecationWarning):
-        old = with_settings(
-            base, {"steps": 7, "model_options": {"dim": 16}, "data_options": {"x": 1}}
-        )
-    assert old == cfg
-    with pytest.raises(ValueError, match="unknown config key"):
-        with_settings(base, {"stepz": 1})
-
-
 # ---- presets, print-config -------------------------------------------------------------
 def test_presets_are_functions_returning_a_full_config():
     for name, preset in PRESETS.items():
@@ -308,7 +164,7 @@ def test_round_trip_through_a_dict():
     assert TrainConfig.from_dict(json.loads(json.dumps(cfg.as_dict()))) == cfg
 
 
-# ---- old checkpoints -------------------------------------------------------------------
+# ---- checkpoints written before the sections ---------------------------------------------
 OLD_FLAT_MANIFEST_CONFIG = {
     "mode": "sdd",
     "prioritize": "auto",
@@ -376,33 +232,45 @@ OLD_FLAT_MANIFEST_CONFIG = {
 }  # fmt: skip  (a manifest written before the sections)
 
 
-def test_an_old_flat_manifest_config_loads_as_sections():
-    cfg = TrainConfig.from_dict(OLD_FLAT_MANIFEST_CONFIG)
-    assert cfg.run.mode == "sdd" and cfg.run.batch_size == 8
-    assert cfg.model.factory == BUILTIN_MODEL
-    assert cfg.model.options == {"dim": 32, "heads": 2, "layers": 1, "attention": "auto"}
-    assert cfg.checkpoint.dir == "ck" and cfg.checkpoint.every == 10
-    same = _quiet(["batch_size=8", "run.steps=30", "checkpoint.dir=ck"])
-    old, new = flat_config(OLD_FLAT_MANIFEST_CONFIG), flat_config(same.as_dict())
-    assert old["model.options"] == new["model.options"]  # defaults spelled out or not
-
-
-def test_resume_from_an_old_checkpoint_compares_by_section(tmp_path):
+def test_a_checkpoint_from_before_the_sections_is_refused_in_one_line(tmp_path):
     ck = tmp_path / "step-00000010"
     ck.mkdir()
     manifest = {"format": FORMAT, "step": 10, "world_size": 2, "samples_seen": 160,
                 "config": OLD_FLAT_MANIFEST_CONFIG, "files": {}}  # fmt: skip
     (ck / "manifest.json").write_text(json.dumps(manifest))
-    ok = _quiet(["batch_size=8", "run.steps=30"])
-    assert check_resumable(str(tmp_path), ok.as_dict(), verify=False) == ck
-    bad = _quiet(["batch_size=16", "run.steps=30"])
-    with pytest.raises(ValueError, match=r"run.batch_size=8 \(this run: 16\)"):
-        check_resumable(str(tmp_path), bad.as_dict(), verify=False)
+    cfg = build_config("demo", ["run.batch_size=8", "run.steps=30"])
+    with pytest.raises(ValueError, match=r"a config holds the sections run, data, .*; got 'mode'"):
+        check_resumable(str(tmp_path), cfg.as_dict(), verify=False)
+
+
+def test_the_cli_names_the_nearest_key_of_a_removed_one():
+    proc = subprocess.run(
+        [sys.executable, "-m", "freescale.cli.main", "train", "--set", "steps=9", "--print-config"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [
+        "freescale: error: unknown config key 'steps'; did you mean 'run.steps'? keys are"
+        " section.key: see `freescale train --print-config`"
+    ]
+
+
+def test_the_python_api_takes_sections_and_refuses_flat_keywords():
+    base = build_config("demo")
+    cfg = with_settings(base, {"run": {"steps": 7}, "model": {"dim": 16}, "data": {"x": 1}})
+    assert cfg.run.steps == 7 and cfg.model.options["dim"] == 16 and cfg.data.options == {"x": 1}
+    with pytest.raises(ValueError, match=r"unknown config key 'steps'; did you mean 'run\.steps'"):
+        with_settings(base, {"steps": 7})
+    with pytest.raises(AttributeError):
+        base.batch_size  # noqa: B018  (sections only: base.run.batch_size)
 
 
 # ---- the keys the README and docs use --------------------------------------------------
 def _doc_keys() -> list[str]:
-    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    """Every ``--set`` key of README.md and docs/ (the log is history: its
+    commands are those of their day)."""
+    docs = [p for p in sorted((ROOT / "docs").rglob("*.md")) if p.name != "LOG.md"]
+    pages = [ROOT / "README.md", *docs]
     found = set()
     for page in pages:
         for m in re.finditer(r"--set ([A-Za-z_.]+=[^\s`'\"]*)", page.read_text()):
@@ -411,11 +279,11 @@ def _doc_keys() -> list[str]:
     return sorted(found)
 
 
-@pytest.mark.parametrize("override", sorted(set(OLD_DOC_KEYS) | set(_doc_keys())))
+@pytest.mark.parametrize("override", _doc_keys())
 def test_every_key_of_the_readme_and_docs_builds_a_config(override):
     extra = ["checkpoint.dir=ck"] if "every" in override.split("=")[0] else []
     extra += ["balance=cost"] if override.startswith("balance.counts") else []
     extra += ["output.dir=runs/x"] if override.startswith("output.tensorboard") else []
     # the example model's option, shown with its factory
     extra += ["model=examples.categories:build"] if override.startswith("model.category") else []
-    _quiet([*extra, override])
+    build_config("demo", [*extra, override])

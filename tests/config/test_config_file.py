@@ -64,7 +64,7 @@ def test_every_key_of_the_docs_reads_back(tmp_path):
         extra += ["output.dir=runs/x"] if override.startswith("output.tensorboard") else []
         if override.startswith("model.category"):
             extra += ["model=examples.categories:build"]
-        cfg = build_config("demo", [*extra, override], on_deprecated=lambda k, p: None)
+        cfg = build_config("demo", [*extra, override])
         path = tmp_path / "run.toml"
         path.write_text(freescale.config_toml(cfg))
         assert freescale.load_config(path) == cfg, override

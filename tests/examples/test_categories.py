@@ -33,7 +33,7 @@ needs_pyarrow = pytest.mark.skipif(
 
 
 def _run(overrides: list[str], num_categories: int = 30) -> dict:
-    cfg = build_config("demo", [*overrides, "progress=false", "eval_every=0"])
+    cfg = build_config("demo", [*overrides, "output.progress=false", "evaluation.every=0"])
     trainer = Trainer(cfg, model=build, data=data(num_categories=num_categories))
     emb = trainer.embeddings
     before = {t: emb.full_table(t) for t in TABLES}
@@ -60,9 +60,10 @@ def _assert_same(a: dict, b: dict) -> None:
 
 
 def _modes_agree(world: int, balance: str) -> None:
-    common = ["steps=8", "warmup=1", f"nproc={world}", f"balance={balance}", "batch_size=8"]
+    common = ["run.steps=8", "run.warmup=1", f"run.nproc={world}", f"balance={balance}",
+              "run.batch_size=8", "pipeline.prioritize=on"]  # fmt: skip
     runs = {
-        mode: run_ranks(_run, world, [*common, f"mode={mode}", "prioritize=on"], timeout=240)
+        mode: run_ranks(_run, world, [*common, f"run.mode={mode}"], timeout=240)
         for mode in ("sync", "sdd", "freescale")
     }
     for mode in ("sdd", "freescale"):
@@ -88,8 +89,9 @@ def test_modes_are_bit_identical_at_every_world_size(world, balance):
 
 def test_python_api_gives_summary_steps_and_the_plain_model():
     result = freescale.train(
-        model=build, data=data(num_categories=30), nproc=1, steps=6, warmup=1,
-        eval_every=0, progress=False, state_dict=True, mode="freescale",
+        model=build, data=data(num_categories=30), state_dict=True,
+        run={"nproc": 1, "steps": 6, "warmup": 1, "mode": "freescale"},
+        evaluation={"every": 0}, output={"progress": False},
     )  # fmt: skip
     assert result is not None and len(result.steps) == 6
     assert result.summary["steps"] == 6 and result.steps[-1]["loss"] > 0
@@ -120,8 +122,8 @@ def test_cli_trains_the_example_by_name():
     proc = _cli(
         "--set", "model=examples.categories:build", "--set", "model.dim=16",
         "--set", "data=examples.categories:data", "--set", "data.num_categories=20",
-        "--set", "steps=4", "--set", "warmup=1", "--set", "eval_every=0",
-        "--set", "progress=false", "--mode", "freescale",
+        "--set", "run.steps=4", "--set", "run.warmup=1", "--set", "evaluation.every=0",
+        "--set", "output.progress=false", "--mode", "freescale",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -142,7 +144,9 @@ def _run_bad(overrides):
     source = data(num_categories=30)
     bad = _BadCategory(source.source, 30)
     trainer = Trainer(
-        build_config("demo", [*overrides, "progress=false", "eval_every=0"]), model=build, data=bad
+        build_config("demo", [*overrides, "output.progress=false", "evaluation.every=0"]),
+        model=build,
+        data=bad,
     )
     try:
         trainer.run()
@@ -153,7 +157,7 @@ def _run_bad(overrides):
 
 @pytest.mark.parametrize("mode", [pytest.param("sync", marks=pytest.mark.slow), "freescale"])
 def test_bad_id_in_a_user_feature_is_one_line_on_every_rank(mode):
-    out = run_ranks(_run_bad, 2, ["steps=6", f"mode={mode}"], timeout=120)
+    out = run_ranks(_run_bad, 2, ["run.steps=6", f"run.mode={mode}"], timeout=120)
     assert out[0] == out[1] and out[0] is not None
     assert "rank 1, step 3" in out[0] and "uih feature 'category' id 37" in out[0], out[0]
     assert "outside [0, 30)" in out[0] and "\n" not in out[0]
@@ -170,7 +174,7 @@ def _run_bad_one_rank(overrides):
                 b.uih.features[CATEGORY][-1] = self.num_categories + 7
             return b
 
-    cfg = build_config("demo", [*overrides, "progress=false", "eval_every=0"])
+    cfg = build_config("demo", [*overrides, "output.progress=false", "evaluation.every=0"])
     trainer = Trainer(cfg, model=build, data=BadAtStep3(source.source, 30))
     try:
         trainer.run()
@@ -184,8 +188,9 @@ def _run_bad_one_rank(overrides):
 @pytest.mark.parametrize("mode", ["sync", "freescale"])
 def test_bad_id_in_a_user_feature_on_a_gpu_is_one_line(mode):
     """On a GPU too: the host check names it; no device-side assert, no IndexError."""
-    overrides = ["steps=6", f"mode={mode}", "device=cuda", "nproc=1", "prioritize=on"]
-    overrides.append("loader_workers=0")  # the harness's rank is a daemon: no children
+    overrides = ["run.steps=6", f"run.mode={mode}", "run.device=cuda", "run.nproc=1",
+                 "pipeline.prioritize=on"]  # fmt: skip
+    overrides.append("data.loader_workers=0")  # the harness's rank is a daemon: no children
     (msg,) = run_ranks(_run_bad_one_rank, 1, overrides, timeout=180)
     assert msg is not None and "step 3" in msg and "uih feature 'category' id 37" in msg, msg
 
@@ -231,9 +236,9 @@ def test_the_example_trains_from_a_parquet_file_by_name(tmp_path):
     proc = _cli(
         "--set", f"data=parquet:{tmp_path / 'c.parquet'}", "--set", f"data.features={FEATURES}",
         "--set", "model=examples.categories:build", "--set", "model.category=categories",
-        "--set", "model.dim=8", "--set", "steps=3", "--set", "warmup=1", "--set", "batch_size=4",
-        "--set", "samples_per_user=0", "--set", "eval_every=0", "--set", "progress=false",
-        "--set", "nproc=1",
+        "--set", "model.dim=8", "--set", "run.steps=3", "--set", "run.warmup=1",
+        "--set", "run.batch_size=4", "--set", "data.samples_per_user=0",
+        "--set", "evaluation.every=0", "--set", "output.progress=false", "--set", "run.nproc=1",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout.strip().splitlines()[-1])

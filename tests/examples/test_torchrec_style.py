@@ -15,7 +15,7 @@ TABLES = ("ec.item_table", "ec.action_table")
 
 
 def _run(overrides: list[str]) -> dict:
-    cfg = build_config("demo", [*overrides, "progress=false", "eval_every=0"])
+    cfg = build_config("demo", [*overrides, "output.progress=false", "evaluation.every=0"])
     trainer = Trainer(cfg, model=build)
     emb = trainer.embeddings
     before = emb.full_table("ec.item_table")
@@ -30,9 +30,9 @@ def _run(overrides: list[str]) -> dict:
 
 
 def test_torchrec_style_model_is_bit_identical_across_modes():
-    common = ["steps=6", "warmup=1", "batch_size=8"]
+    common = ["run.steps=6", "run.warmup=1", "run.batch_size=8"]
     runs = {
-        m: run_ranks(_run, 2, [*common, f"mode={m}", "prioritize=on"], timeout=240)
+        m: run_ranks(_run, 2, [*common, f"run.mode={m}", "pipeline.prioritize=on"], timeout=240)
         for m in ("sync", "sdd", "freescale")
     }
     for mode in ("sdd", "freescale"):

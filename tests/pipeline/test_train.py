@@ -93,7 +93,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     [
         (["--set", "nosuchkey=1"], "unknown config key 'nosuchkey'"),
         (["--set", "run.batch_size=-4"], "batch_size must be >= 1, got -4"),
-        (["--set", "item_dim=16"], "item table dim mismatch"),
+        (["--set", "item_dim=16"], "unknown config key 'item_dim'; did you mean 'model.dim'?"),
         (["--set", "run.steps=ten"], "steps expects a int"),
     ],
 )

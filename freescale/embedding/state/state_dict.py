@@ -36,7 +36,7 @@ from torch import Tensor
 
 from freescale.comm import Communicator
 from freescale.embedding.rank_agreement import agree
-from freescale.embedding.sharding import RowSharding
+from freescale.kernels.shard import RowSharding
 
 if TYPE_CHECKING:
     from freescale.embedding.collection import ShardedEmbeddingCollection
