@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from functools import partial
 from typing import Any
 
 import torch
@@ -32,7 +31,7 @@ from freescale.pipeline.balancing import Feed, balance_stage, host_lengths
 from freescale.pipeline.dense import DenseTraining
 from freescale.pipeline.evaluator import Evaluator
 from freescale.pipeline.faults import Faults
-from freescale.pipeline.inputs import InputAgreement, Limits, check_all_rows, find_problem
+from freescale.pipeline.inputs import InputAgreement, Limits, check_all_rows
 from freescale.pipeline.liveness import Liveness, gloo_group
 from freescale.pipeline.loader import BatchInfo, Prefetcher, default_workers
 from freescale.pipeline.recorder import StepMetrics, StepRecord, read_later
@@ -86,7 +85,8 @@ class Trainer:
         )  # fmt: skip
         self.summary = self.metrics.summary
         self.liveness = Liveness(self.rank, self.world, run.timeout_s)
-        self.inputs = InputAgreement(group, self.rank, self.world, Limits.of(self.schema))
+        limits = Limits.of(self.schema, sparse.table_rows)  # the data's sizes, the tables' rows
+        self.inputs = InputAgreement(group, self.rank, self.world, limits, sparse.host_lookups)
         self.evaluator = Evaluator(
             cfg.evaluation, self.model, self.source, self.embeddings, self.schedule,
             self.rank, self.world, run.batch_size, device, lambda s: self.state.samples_before(s),
@@ -151,7 +151,7 @@ class Trainer:
             range(first, run.steps), delay_ms=self.faults.delay_loader_ms, model=self.model,
             host_lengths=host_lengths if self.balance is not None else None,
             workers=workers if workers >= 0 else default_workers(self.device),
-            validate=partial(find_problem, limits=self.inputs.limits),
+            validate=self.inputs.find,
         )  # fmt: skip
         try:
             return self._loop(loader, first)
