@@ -20,6 +20,12 @@ import torch
 from freescale.embedding.config import TableConfig
 from freescale.jagged import JaggedTensor
 
+# What to change when a model's table is smaller than the ids it is given.
+TOO_SMALL = (
+    "the model's table is smaller than the ids its embedding_inputs gives it "
+    "(size tables from the schema the factory gets, e.g. schema.num_items)"
+)
+
 
 @dataclass(frozen=True)
 class TableRows:

@@ -39,19 +39,13 @@ import torch.distributed as dist
 from torch import Tensor
 
 from freescale.comm.rank_text import broadcast_text, first_problem
-from freescale.embedding.table_rows import TableRows
+from freescale.embedding.table_rows import TOO_SMALL, TableRows
 from freescale.jagged.batch import CAND_IDS, CONTENT_IDS, UIH_ACTIONS, UIH_IDS, SampleBatch
 from freescale.jagged.schema import DataSchema, Feature
 from freescale.jagged.tensor import JaggedFeatures
 
 OK, OFFSETS, ID_RANGE, NONFINITE, MISSING, DATA_ERROR, TABLE_ROWS = range(7)
 _WIDTH = 6  # code, part, local index, sample id, value, extra
-
-# What to change when a model's table is smaller than the ids it is given.
-TABLE_HINT = (
-    "the model's table is smaller than the ids its embedding_inputs gives it "
-    "(size tables from the schema the factory gets, e.g. schema.num_items)"
-)
 
 # What each part of a batch is called in messages, by index.
 PARTS = (
@@ -219,7 +213,7 @@ def message(rank: int, step: int, row: Sequence[int], limits: Limits | None = No
     code, part, local, sid, value = row[:5]
     if code == TABLE_ROWS and limits is not None and limits.tables is not None:
         table = limits.tables.describe(part, value)
-        return f"bad input on rank {rank}, step {step}: {table}: {TABLE_HINT}"
+        return f"bad input on rank {rank}, step {step}: {table}: {TOO_SMALL}"
     where = f"bad input on rank {rank}, step {step}, sample {sid} (local index {local})"
     name = limits.part_name(part) if limits is not None else PARTS[part]
     if code == OFFSETS:
