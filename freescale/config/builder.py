@@ -8,6 +8,7 @@ flat key is mapped by `freescale.config.aliases`.
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections.abc import Callable
 from dataclasses import fields
@@ -53,6 +54,23 @@ def known_keys() -> list[str]:
         for f in fields(cls)
         if f.name != "options"
     ]
+
+
+def nearest_keys(key: str) -> str:
+    """What to write instead of the unknown ``key``: its nearest known key, else
+    the keys of its section, else the sections (a list of every key is too long
+    to read)."""
+    section, _, name = key.partition(".")
+    own = [k.partition(".")[2] for k in known_keys() if k.startswith(section + ".")]
+    if own:  # a known section: the nearest of its own keys (a shared prefix says nothing)
+        close = difflib.get_close_matches(name, own, n=1, cutoff=0.7)
+        if close:
+            return f"did you mean '{section}.{close[0]}'?"
+        return f"the keys of [{section}]: {', '.join(f'{section}.{k}' for k in own)}"
+    close = difflib.get_close_matches(key, [*known_keys(), *SHORTHANDS], n=1, cutoff=0.75)
+    if close:
+        return f"did you mean {close[0]!r}?"
+    return f"keys are section.key, sections: {', '.join(SECTIONS)}"
 
 
 def _types() -> dict[str, Any]:
@@ -173,9 +191,7 @@ class ConfigBuilder:
             self.state.set_table_key(path, value)
             return
         if path not in self.types:
-            raise ValueError(
-                f"unknown config key {key!r}; keys are section.key: {', '.join(known_keys())}"
-            )
+            raise ValueError(f"unknown config key {key!r}; {nearest_keys(key)}")
         value = parse(self.types[path], key, value)
         if path == "model.factory" and not value:
             value = BUILTIN_MODEL  # the old "model=" (empty): the built-in model
