@@ -37,12 +37,29 @@ def load_named(spec: str, what: str) -> Any:
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as e:
-        raise ValueError(f"{what}={spec!r}: cannot import {module_name!r} ({e})") from None
+        raise ValueError(
+            f"{what}={spec!r}: cannot import {module_name!r} ({e}){_where(e, module_name)}"
+        ) from None
     for part in qualname.split("."):
         obj = getattr(obj, part, None)
     if obj is None or not callable(obj):
         raise ValueError(f"{what}={spec!r}: {module_name} has no callable {qualname!r}")
     return obj
+
+
+def _where(error: ImportError, module_name: str) -> str:
+    """Where Python looked for ``module_name`` when it (or its package) is not
+    found (the usual cause: a run started from another directory)."""
+    missing = getattr(error, "name", None) or ""
+    found = not (module_name + ".").startswith(missing + ".")
+    if not isinstance(error, ModuleNotFoundError) or not missing or found:
+        return ""  # found, but its own imports failed: the error says which
+    path = os.environ.get("PYTHONPATH") or "unset"
+    return (
+        f"; Python looked in the working directory {os.getcwd()}, PYTHONPATH ({path}) and "
+        f"the installed packages: run from the directory that holds {missing}.py (or "
+        f"{missing}/), or add that directory to PYTHONPATH"
+    )
 
 
 def python_name(obj: Any) -> str:

@@ -28,6 +28,7 @@ from freescale.embedding.config import ShardingPlan, TableConfig
 from freescale.embedding.lookup import Timer, no_timer
 from freescale.embedding.modes import Mode
 from freescale.embedding.state.state_dict import load_tables, save_tables
+from freescale.embedding.table_rows import TableRows
 from freescale.jagged import JaggedTensor
 from freescale.jagged.interop import embeddings_to_torchrec, kjt_to_features
 
@@ -170,6 +171,27 @@ def _tables_of(path: str, m: nn.Module, plan: ShardingPlan, ec_type: type | None
         out.append(
             (TableConfig(name, tc.num_embeddings, tc.embedding_dim, w.dtype, opt, features), w)
         )
+    return out
+
+
+def plain_table_rows(model: nn.Module) -> TableRows:
+    """The rows each lookup feature of an unswapped model's ``sharded_modules``
+    may index, named as `swap` names them."""
+    ec_type, plan = _torchrec_ec_type(), ShardingPlan()
+    paths = model.sharded_modules  # type: ignore[attr-defined]
+    return TableRows.of(
+        c for p in paths for c, _ in _tables_of(p, model.get_submodule(p), plan, ec_type)
+    )
+
+
+def plain_lookups(model: nn.Module, batch: Any) -> dict[str, Any]:
+    """The lookup features an unswapped model makes of ``batch`` (`plain_table_rows`' names)."""
+    out: dict[str, Any] = {}
+    for path, value in model.embedding_inputs(batch).items():  # type: ignore[operator]
+        if isinstance(model.get_submodule(path), nn.Embedding):
+            out[path] = value
+        else:
+            out.update(kjt_to_features(value, path + "."))
     return out
 
 

@@ -7,8 +7,11 @@ that do not match their values still index *something*). Two parts:
 - `find_problem` (in the loader, on the host, before the copy to the
   device): offsets well formed and matching their values (UIH, candidates,
   content; candidate offsets against the labels), ids inside their tables
-  (items, actions, content), labels and dense features finite. The first
-  problem becomes four integers ``[code, local index, sample id, value]``.
+  (items, actions, content), labels and dense features finite; then the
+  ids the model looks up against the rows of the tables they hit (a model
+  may size a table below the data's ids; `freescale.embedding.table_rows`).
+  The first problem becomes six integers ``[code, part, local index, sample
+  id, value, 0]``.
 - `InputAgreement.check` (trainer thread, when the batch is taken): one
   tiny all-gather of those four integers over a gloo group - the same
   pattern as the embedding preflight - so that every rank raises the same
@@ -26,7 +29,7 @@ without history are valid input, not problems.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,11 +39,12 @@ import torch.distributed as dist
 from torch import Tensor
 
 from freescale.comm.rank_text import broadcast_text, first_problem
+from freescale.embedding.table_rows import TOO_SMALL, TableRows
 from freescale.jagged.batch import CAND_IDS, CONTENT_IDS, UIH_ACTIONS, UIH_IDS, SampleBatch
 from freescale.jagged.schema import DataSchema, Feature
 from freescale.jagged.tensor import JaggedFeatures
 
-OK, OFFSETS, ID_RANGE, NONFINITE, MISSING, DATA_ERROR = range(6)
+OK, OFFSETS, ID_RANGE, NONFINITE, MISSING, DATA_ERROR, TABLE_ROWS = range(7)
 _WIDTH = 6  # code, part, local index, sample id, value, extra
 
 # What each part of a batch is called in messages, by index.
@@ -60,16 +64,19 @@ PARTS = (
 @dataclass(frozen=True)
 class Limits:
     """Table sizes ids must stay below; ``extra``: the data's own id features
-    (part ``len(PARTS) + i`` in problems is ``extra[i]``)."""
+    (part ``len(PARTS) + i`` in problems is ``extra[i]``); ``tables``: the
+    rows of the model's tables, by lookup feature (part ``i`` of a
+    ``TABLE_ROWS`` problem is ``tables.features[i]``)."""
 
     num_items: int
     num_actions: int
     extra: tuple[Feature, ...] = ()
+    tables: TableRows | None = None
 
     @staticmethod
-    def of(schema: DataSchema) -> Limits:
+    def of(schema: DataSchema, tables: TableRows | None = None) -> Limits:
         extra = tuple(f for f in schema.extras() if f.rows is not None)
-        return Limits(schema.num_items, schema.num_actions, extra)
+        return Limits(schema.num_items, schema.num_actions, extra, tables)
 
     def part_name(self, part: int) -> str:
         if part < len(PARTS):
@@ -115,8 +122,12 @@ def _out_of_range(ids: Tensor, rows: int) -> int | None:
     return int(np.flatnonzero((values < 0) | (values >= rows))[0])
 
 
-def find_problem(batch: SampleBatch, limits: Limits) -> list[int] | None:
-    """The first problem of ``batch`` as ``[code, part, local index, sample id, value, 0]``."""
+def find_problem(
+    batch: SampleBatch, limits: Limits, lookups: Callable[[SampleBatch], Any] | None = None
+) -> list[int] | None:
+    """The first problem of ``batch`` as ``[code, part, local index, sample id, value, 0]``;
+    ``lookups(batch)``: the lookup features the model makes of it, checked
+    against ``limits.tables`` once the data is found sound."""
     sample_ids = batch.sample_id
     n_cand = batch.num_candidates_total
 
@@ -163,7 +174,20 @@ def find_problem(batch: SampleBatch, limits: Limits) -> list[int] | None:
         finite = torch.isfinite(batch.dense).all(dim=1)
         if not bool(finite.all()):
             return at(NONFINITE, 8, int((~finite).nonzero()[0]), 0)
+    if lookups is not None and limits.tables is not None:
+        return _table_problem(batch, limits.tables, lookups)
     return None
+
+
+def _table_problem(
+    batch: SampleBatch, tables: TableRows, lookups: Callable[[SampleBatch], Any]
+) -> list[int] | None:
+    try:
+        features = lookups(batch)
+    except ValueError:  # a contract mistake: taking the batch raises it on every rank
+        return None
+    bad = tables.first_beyond(features)
+    return None if bad is None else [TABLE_ROWS, bad[0], 0, -1, bad[1], 0]
 
 
 def _extra_problem(batch: SampleBatch, feature: Feature) -> tuple[int, int, int] | None:
@@ -187,6 +211,9 @@ def _extra_problem(batch: SampleBatch, feature: Feature) -> tuple[int, int, int]
 def message(rank: int, step: int, row: Sequence[int], limits: Limits | None = None) -> str:
     """The one sentence every rank raises for ``rank``'s problem ``row``."""
     code, part, local, sid, value = row[:5]
+    if code == TABLE_ROWS and limits is not None and limits.tables is not None:
+        table = limits.tables.describe(part, value)
+        return f"bad input on rank {rank}, step {step}: {table}: {TOO_SMALL}"
     where = f"bad input on rank {rank}, step {step}, sample {sid} (local index {local})"
     name = limits.part_name(part) if limits is not None else PARTS[part]
     if code == OFFSETS:
@@ -210,10 +237,21 @@ def message(rank: int, step: int, row: Sequence[int], limits: Limits | None = No
 
 
 class InputAgreement:
-    """Every rank learns every rank's first input problem: one gloo all-gather per batch."""
+    """Every rank learns every rank's first input problem: one gloo all-gather per batch.
 
-    def __init__(self, group: Any, rank: int, world: int, limits: Limits) -> None:
+    ``lookups(batch)``: the lookup features the model makes of a batch, checked
+    against ``limits.tables`` by `find` (the loader's check of each batch)."""
+
+    def __init__(
+        self, group: Any, rank: int, world: int, limits: Limits,
+        lookups: Callable[[SampleBatch], Any] | None = None,
+    ) -> None:  # fmt: skip
         self.group, self.rank, self.world, self.limits = group, rank, world, limits
+        self.lookups = lookups
+
+    def find(self, batch: SampleBatch) -> list[int] | None:
+        """This rank's first problem of ``batch`` (on the host, in the loader)."""
+        return find_problem(batch, self.limits, self.lookups)
 
     def check(self, problem: list[int] | None, step: int, error: str = "") -> None:
         """Raise the same ValueError on every rank if any rank's batch of ``step`` is bad

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import os
 import random
 from typing import Any
@@ -47,7 +48,11 @@ def make_source(data: DataSection | TrainConfig, seed: int = 0) -> DataSource:
         data, seed = data.data, data.run.seed
     kind = data.source.partition(":")[0]
     if kind not in BUILTIN_KINDS:  # package.module:factory
-        source = load_object(data.source, "data")(**data.options)
+        try:
+            factory = load_object(data.source, "data")
+        except ValueError as e:  # a misspelt format reads as a module that does not import
+            raise ValueError(_not_a_format(data.source, kind, str(e))) from None
+        source = factory(**data.options)
         if not callable(getattr(source, "batch", None)):
             raise ValueError(
                 f"data={data.source!r} returned {type(source).__name__}, no DataSource"
@@ -55,6 +60,16 @@ def make_source(data: DataSection | TrainConfig, seed: int = 0) -> DataSource:
         return source
     synthetic, sampling = data.synthetic_configs(seed)
     return open_source(data.source, synthetic, sampling, data.options, data.ids)
+
+
+def _not_a_format(source: str, kind: str, import_error: str) -> str:
+    formats = f"built-in formats: {', '.join(BUILTIN_KINDS)}"
+    close = difflib.get_close_matches(kind, BUILTIN_KINDS, n=1, cutoff=0.75)
+    if close:
+        return (
+            f"data={source!r}: {kind!r} is no data format; did you mean {close[0]!r}? ({formats})"
+        )
+    return f"{import_error} ({formats}, else package.module:factory)"
 
 
 def check_data(

@@ -8,6 +8,7 @@ decides what of a future step's lookups is issued early.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import torch
@@ -28,6 +29,7 @@ from freescale.embedding.collection import host_tier_bytes
 from freescale.embedding.host_tier import check_host_memory, ranks_on_host
 from freescale.embedding.modes import MODES
 from freescale.embedding.optim import OptimizerConfig
+from freescale.embedding.table_rows import TableRows
 from freescale.jagged.batch import SampleBatch
 from freescale.observe.timing import SectionTimer
 from freescale.pipeline.lr_schedule import lr_schedule
@@ -148,6 +150,10 @@ class SparseSide:
         self.schedule_name = schedule_name(mode, pipeline.prioritize, world)
         self.embeddings = self._collection(model, section, device, timer)
         self.swapped = {p: model.get_submodule(p) for p in model.sharded_modules}  # type: ignore[union-attr]
+        # What each lookup feature may index, and the features of a (host) batch:
+        # the loader checks every training batch against the tables as built.
+        self.table_rows = TableRows.of(self.embeddings.tables.values())
+        self.host_lookups = partial(self.lookup_features, model)
         self.table_entries = TableEntries(self.embeddings)  # what checkpoints hold
         self.schedule = Schedule(self.embeddings, device, timer.section)
 
@@ -166,7 +172,7 @@ class SparseSide:
             model, sharding_plan(section, model, self.steps), self.comm, device,
             mode=MODES[self.schedule_name](), timer=timer.section,
             overlap_comm=self.overlap_comm,
-            inputs_checked=True,  # the loader checks every training batch (`inputs.find_problem`)
+            inputs_checked=True,  # the loader checks every training batch (`InputAgreement.find`)
         )  # fmt: skip
         self.guard = embeddings.guard_nonfinite()  # skip non-finite steps on every rank
         return embeddings

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from functools import partial
 from typing import Any
 
 import torch
@@ -32,7 +31,7 @@ from freescale.pipeline.balancing import Feed, balance_stage, host_lengths
 from freescale.pipeline.dense import DenseTraining
 from freescale.pipeline.evaluator import Evaluator, best_weights
 from freescale.pipeline.faults import Faults
-from freescale.pipeline.inputs import InputAgreement, Limits, check_all_rows, find_problem
+from freescale.pipeline.inputs import InputAgreement, Limits, check_all_rows
 from freescale.pipeline.liveness import Liveness, gloo_group
 from freescale.pipeline.loader import BatchInfo, Prefetcher, default_workers
 from freescale.pipeline.recorder import StepMetrics, StepRecord, read_later
@@ -75,7 +74,8 @@ class Trainer:
         self.metrics = StepMetrics(cfg.output, rank, run, device, timer, group, self.default_loss)
         self.summary = self.metrics.summary
         self.liveness = Liveness(rank, world, run.timeout_s)
-        self.inputs = InputAgreement(group, rank, world, Limits.of(self.schema))
+        limits = Limits.of(self.schema, sparse.table_rows)  # the data's sizes, the tables' rows
+        self.inputs = InputAgreement(group, rank, world, limits, sparse.host_lookups)
         best = best_weights(cfg.evaluation, self.model, self.source, self.embeddings)
         self.state = RunState(
             cfg.checkpoint, cfg.as_dict(), group, world, run.batch_size, sparse.table_entries,
@@ -143,7 +143,7 @@ class Trainer:
             range(first, run.steps), delay_ms=self.faults.delay_loader_ms, model=self.model,
             host_lengths=host_lengths if self.balance is not None else None,
             workers=workers if workers >= 0 else default_workers(self.device),
-            validate=partial(find_problem, limits=self.inputs.limits),
+            validate=self.inputs.find,
         )  # fmt: skip
         try:
             return self._loop(loader, first)

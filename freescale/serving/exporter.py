@@ -44,6 +44,7 @@ import contextlib
 import json
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -54,8 +55,11 @@ from torch import Tensor, nn
 import freescale
 from freescale.config import TrainConfig
 from freescale.data.ids import IDS, write_maps
+from freescale.embedding.swap import plain_lookups, plain_table_rows
+from freescale.embedding.table_rows import TOO_SMALL
 from freescale.jagged.batch import SampleBatch
 from freescale.jagged.schema import DataSchema
+from freescale.jagged.tensor import JaggedFeatures
 from freescale.models.attention_op import exported_attention
 from freescale.models.contract import check_model
 from freescale.serving import checkpoint as ck
@@ -177,6 +181,7 @@ def export_model(
     (`freescale.data.ids`), so the served program takes the catalogue's ids."""
     say = say or (lambda msg: None)
     _check_amp(amp, AMPS)
+    check_tables(model, example, schema)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     target = torch.device(device)
@@ -244,6 +249,34 @@ def trace(
             )
     except Exception as e:
         raise explain(e, model) from None
+
+
+def check_tables(model: nn.Module, example: SampleBatch, schema: DataSchema | None) -> None:
+    """One line if a table of ``model`` is smaller than the ids it is given for
+    ``example`` or, with ``schema``, for the data's largest ids: the program
+    would index past it (an exported table has no neighbour to read, but a
+    served batch would fail inside the program, far from the cause)."""
+    rows, example = plain_table_rows(model), example.to(torch.device("cpu"))
+    batches = [("the example batch", example)]
+    if schema is not None:
+        batches.append(("the data's largest ids", _largest_ids(example, schema)))
+    for what, batch in batches:
+        bad = rows.first_beyond(plain_lookups(model, batch))
+        if bad is not None:
+            raise ValueError(f"export: {rows.describe(*bad)} for {what}: {TOO_SMALL}")
+
+
+def _largest_ids(batch: SampleBatch, schema: DataSchema) -> SampleBatch:
+    """``batch`` with every id feature ``schema`` declares at its largest id (rows - 1)."""
+    levels = {}
+    for level in ("uih", "candidates", "content"):
+        jagged: JaggedFeatures = getattr(batch, level)
+        features = dict(jagged.features)
+        for f in schema.features:
+            if f.level == level and f.rows is not None and f.name in features:
+                features[f.name] = torch.full_like(features[f.name], f.rows - 1)
+        levels[level] = JaggedFeatures(jagged.offsets, features)
+    return replace(batch, **levels)
 
 
 @contextlib.contextmanager
