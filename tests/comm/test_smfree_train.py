@@ -16,9 +16,9 @@ def _train(overrides: list[str]) -> dict:
     trainer = Trainer(build_config("demo", [*COMMON, *overrides]))
     trainer.run()
     return {
-        "comm": type(trainer.comm).__name__,
-        "transport": getattr(getattr(trainer.comm, "transport", None), "name", None),
-        "overlap": type(trainer.overlap_comm).__name__,
+        "comm": type(trainer.sparse.comm).__name__,
+        "transport": getattr(getattr(trainer.sparse.comm, "transport", None), "name", None),
+        "overlap": type(trainer.sparse.overlap_comm).__name__,
         "losses": [s["loss"] for s in trainer.summary.steps],
         "evals": [e["ne"] for e in trainer.summary.evals],
         "table": trainer.embeddings.full_table("item_emb"),

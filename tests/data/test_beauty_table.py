@@ -25,7 +25,7 @@ def test_every_run_is_a_valid_config(name):
     argv = bt.command(bt.settings(name, Path("b.txt"), Path("b.parquet")))
     overrides = [argv[i + 1] for i in range(len(argv)) if argv[i] == "--set"]
     cfg = build_config("demo", overrides)
-    assert cfg.mode == "sync" and cfg.nproc == 2 and cfg.device == "cpu"
+    assert cfg.run.mode == "sync" and cfg.run.nproc == 2 and cfg.run.device == "cpu"
 
 
 def test_report_marks_who_beats_popularity(tmp_path):
@@ -50,7 +50,7 @@ def test_gpu_attention_runs_are_valid_configs():
     assert argv[1:4] == ["-m", "freescale.cli.main", "train"]
     overrides = [argv[i + 1] for i in range(len(argv)) if argv[i] == "--set"]
     cfg = build_config("demo", overrides)
-    assert cfg.device == "cuda" and cfg.nproc == 1 and cfg.run.batch_size == 128
+    assert cfg.run.device == "cuda" and cfg.run.nproc == 1 and cfg.run.batch_size == 128
     assert cfg.run.seed == 1 and cfg.model.options == {**cfg.model.options, "attention": "fused"}
     assert cfg.model.options["dim"] == 64
 

@@ -33,7 +33,7 @@ HINT = (
     "(size tables from the schema the factory gets, e.g. schema.num_items)"
 )
 COMMON = ["run.steps=6", "run.warmup=1", "run.batch_size=8", "output.progress=false",
-          "run.timeout_s=60", "prioritize=on"]  # fmt: skip
+          "run.timeout_s=60", "pipeline.prioritize=on"]  # fmt: skip
 
 
 def _cli(world: int, mode: str) -> subprocess.CompletedProcess:
