@@ -59,10 +59,18 @@ def known_keys() -> list[str]:
 
 
 def unknown_key(key: str, how: str = "see `freescale train --print-config`") -> str:
-    """The one line for a key no section has, with the nearest one there is."""
+    """The one line for a key no section has: the nearest one there is, else the
+    keys of its section, else the sections (a list of every key is too long)."""
     near = nearest_key(key)
-    hint = f"did you mean {near!r}? " if near else ""
-    return f"unknown config key {key!r}; {hint}keys are section.key: {how}"
+    if near:
+        return f"unknown config key {key!r}; did you mean {near!r}?"
+    section = key.partition(".")[0]
+    own = [k for k in known_keys() if k.startswith(section + ".")]
+    if own:
+        return f"unknown config key {key!r}; the keys of [{section}]: {', '.join(own)}"
+    return (
+        f"unknown config key {key!r}; keys are section.key, sections: {', '.join(SECTIONS)}; {how}"
+    )
 
 
 def nearest_key(key: str) -> str | None:
@@ -74,6 +82,11 @@ def nearest_key(key: str) -> str | None:
         same = [k for k in keys if k.rpartition(".")[2] == name]
         if same:
             return max(same, key=lambda k: difflib.SequenceMatcher(None, key, k).ratio())
+    section, dot, _ = key.partition(".")
+    own = [k.partition(".")[2] for k in keys if dot and k.startswith(section + ".")]
+    if own:  # a known section: only its own keys (a shared prefix says nothing)
+        near = difflib.get_close_matches(key.partition(".")[2], own, n=1, cutoff=0.7)
+        return f"{section}.{near[0]}" if near else None
     near = difflib.get_close_matches(key, keys, n=1, cutoff=0.75)
     return near[0] if near else None
 

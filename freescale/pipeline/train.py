@@ -72,7 +72,6 @@ class Trainer:
         self.balance = balance_stage(cfg.balance, run, sparse.overlap_comm, timer, device,
                                      self.model)  # fmt: skip
         self.metrics = StepMetrics(cfg.output, rank, run, device, timer, group, self.default_loss)
-        self.summary = self.metrics.summary
         self.liveness = Liveness(rank, world, run.timeout_s)
         limits = Limits.of(self.schema, sparse.table_rows)  # the data's sizes, the tables' rows
         self.inputs = InputAgreement(group, rank, world, limits, sparse.host_lookups)
@@ -87,6 +86,11 @@ class Trainer:
         )  # fmt: skip
         self.faults = Faults(cfg.faults, rank, device)
         self.profiler, self.schedule_name = profiler, sparse.schedule_name
+
+    @property
+    def summary(self) -> Any:
+        """The run's summary so far (`RunSummary`: per-step records, evaluations)."""
+        return self.metrics.summary
 
     def _replicated(self) -> dict[str, Any]:
         """What every rank holds alike and a checkpoint saves once (`RunState`)."""
