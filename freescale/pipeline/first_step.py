@@ -38,13 +38,13 @@ def output_problem(name: str, logits: Any, batch: SampleBatch) -> str | None:
 
 def loss_problem(name: str, result: Any) -> str | None:
     """What is wrong with ``result`` as ``name``'s ``loss(...)`` return (None: fine)."""
-    want = "return (loss, loss_sum), each a 0-dim float tensor (a sum over candidates / normalizer)"
+    want = "return (loss, loss_sum), each one float value (a sum over candidates / normalizer)"
     if not isinstance(result, (tuple, list)) or len(result) != 2:
         return f"{name}.loss returned {type(result).__name__}, not a pair: {want}"
     for what, value in zip(("loss", "loss_sum"), result, strict=True):
-        if not isinstance(value, Tensor) or value.dim() != 0 or not value.is_floating_point():
+        if not isinstance(value, Tensor) or value.numel() != 1 or not value.is_floating_point():
             got = list(value.shape) if isinstance(value, Tensor) else type(value).__name__
-            return f"{name}.loss returned a {what} of shape {got}, not a scalar: {want}"
+            return f"{name}.loss returned a {what} of shape {got}, not one value: {want}"
     return None
 
 

@@ -73,11 +73,10 @@ class Trainer:
         self.balance = balance_stage(cfg.balance, run, sparse.overlap_comm, timer, device,
                                      self.model)  # fmt: skip
         self.metrics = StepMetrics(cfg.output, rank, run, device, timer, group, self.default_loss)
-        self.summary = self.metrics.summary
-        self.liveness = Liveness(rank, world, run.timeout_s)
+        self.summary, self.liveness = self.metrics.summary, Liveness(rank, world, run.timeout_s)
         limits = Limits.of(self.schema, sparse.table_rows)  # the data's sizes, the tables' rows
         self.inputs = InputAgreement(group, rank, world, limits, sparse.host_lookups)
-        self.contract = FirstStepCheck(self.model, group, world)
+        self.contract = FirstStepCheck(self.model, group, world)  # checks the first step
         best = best_weights(cfg.evaluation, self.model, self.source, self.embeddings)
         self.state = RunState(
             cfg.checkpoint, cfg.as_dict(), group, world, run.batch_size, sparse.table_entries,
@@ -87,8 +86,11 @@ class Trainer:
             cfg.evaluation, self.model, self.source, self.embeddings, self.schedule, rank, world,
             run.batch_size, device, best, self.state.samples_before,
         )  # fmt: skip
-        self.faults = Faults(cfg.faults, rank, device)
-        self.profiler, self.schedule_name = profiler, sparse.schedule_name
+        self.faults, self.profiler = Faults(cfg.faults, rank, device), profiler
+
+    @property
+    def schedule_name(self) -> str:
+        return self.sparse.schedule_name
 
     def _replicated(self) -> dict[str, Any]:
         """What every rank holds alike and a checkpoint saves once (`RunState`)."""
