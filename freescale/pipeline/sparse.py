@@ -180,7 +180,8 @@ class SparseSide:
     def lookup_features(self, model: nn.Module, batch: SampleBatch) -> dict[str, Any]:
         """Every table lookup ``batch`` needs, as the collection's features (one call)."""
         features: dict[str, Any] = {}
-        for path, value in model.embedding_inputs(batch).items():  # type: ignore[operator]
+        inputs = model.embedding_inputs(batch)  # type: ignore[operator]
+        for path, value in inputs.items():
             module = self.swapped.get(path)
             if module is None:
                 raise ValueError(
@@ -188,4 +189,10 @@ class SparseSide:
                     f"sharded_modules {sorted(self.swapped)}"
                 )
             features.update(module.lookup_features(value))
+        if missing := sorted(set(self.swapped) - set(inputs)):  # forward would fail inside
+            raise ValueError(
+                f"{type(model).__name__}.embedding_inputs(batch) names no input for sharded "
+                f"module(s) {missing}: return {{path: the input forward passes it}} for every "
+                f"path of sharded_modules, or drop the path from sharded_modules"
+            )
         return features

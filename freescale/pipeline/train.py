@@ -31,6 +31,7 @@ from freescale.pipeline.balancing import Feed, balance_stage, host_lengths
 from freescale.pipeline.dense import DenseTraining
 from freescale.pipeline.evaluator import Evaluator, best_weights
 from freescale.pipeline.faults import Faults
+from freescale.pipeline.first_step import FirstStepCheck
 from freescale.pipeline.inputs import InputAgreement, Limits, check_all_rows
 from freescale.pipeline.liveness import Liveness, gloo_group
 from freescale.pipeline.loader import BatchInfo, Prefetcher, default_workers
@@ -75,6 +76,7 @@ class Trainer:
         self.liveness = Liveness(rank, world, run.timeout_s)
         limits = Limits.of(self.schema, sparse.table_rows)  # the data's sizes, the tables' rows
         self.inputs = InputAgreement(group, rank, world, limits, sparse.host_lookups)
+        self.contract = FirstStepCheck(self.model, group, world)  # checks the first step
         best = best_weights(cfg.evaluation, self.model, self.source, self.embeddings)
         self.state = RunState(
             cfg.checkpoint, cfg.as_dict(), group, world, run.batch_size, sparse.table_entries,
@@ -84,8 +86,11 @@ class Trainer:
             cfg.evaluation, self.model, self.source, self.embeddings, self.schedule, rank, world,
             run.batch_size, device, best, self.state.samples_before,
         )  # fmt: skip
-        self.faults = Faults(cfg.faults, rank, device)
-        self.profiler, self.schedule_name = profiler, sparse.schedule_name
+        self.faults, self.profiler = Faults(cfg.faults, rank, device), profiler
+
+    @property
+    def schedule_name(self) -> str:
+        return self.sparse.schedule_name
 
     @property
     def summary(self) -> Any:
@@ -110,6 +115,7 @@ class Trainer:
         batch = batch.with_max_lengths(info.max_uih, info.max_candidates)
         with self.embeddings.serving(features):
             logits = self.dense.forward(batch, step)
+        self.contract.output(logits, batch)  # the first step's, before loss and backward
         self.faults.delay_compute()
         self.schedule.after_forward()
         if self.balance is not None:
@@ -119,7 +125,7 @@ class Trainer:
         if self.default_loss:
             loss, total = bce_loss_and_sum(logits, batch.labels, global_count)
         else:  # the model's loss; NE stays that of the logits' BCE
-            loss, own = self.model.loss(logits, batch, global_count)
+            loss, own = self.contract.loss(self.model.loss(logits, batch, global_count))
             total = torch.stack([bce_total(logits.detach(), batch.labels), own.detach()])
         empty = min(info.samples, info.uih_tokens, info.candidates) == 0
         self.dense.backward(self.faults.loss(step, loss), empty)
