@@ -3,9 +3,8 @@
 The modes (``sync``, ``sdd``, ``freescale``; all produce identical numbers)
 differ only in what they issue early and wait for where: each is one
 `freescale.pipeline.schedule` object whose hooks the loop calls. The trainer
-keeps the loop; each part is a component built from its config section, given
-its inputs at construction: `SparseSide`, `DenseTraining`, `BalanceStage`,
-`Evaluator`, `RunState` (checkpoints), `StepMetrics`, `Faults`, the profiler.
+keeps the loop; each part (`SparseSide`, `DenseTraining`, `Evaluator`,
+`RunState`, ...) is built from its config section, given its inputs then.
 """
 
 from __future__ import annotations
@@ -93,8 +92,7 @@ class Trainer:
         return self.sparse.schedule_name
 
     @property
-    def summary(self) -> Any:
-        """The run's summary so far (`RunSummary`: per-step records, evaluations)."""
+    def summary(self) -> Any:  # `RunSummary`: per-step records, evaluations
         return self.metrics.summary
 
     def _replicated(self) -> dict[str, Any]:
