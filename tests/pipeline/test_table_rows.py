@@ -48,8 +48,17 @@ def _cli(world: int, mode: str) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("mode", ["sync", "sdd", "freescale"])
-@pytest.mark.parametrize("world", [1, 2])
+# Every mode at 1 and 2 ranks; the CLI's cost (a launch each) keeps two in the
+# default suite (the in-process test below covers every mode and world there).
+CLI_CASES = [
+    (1, "sync"),
+    (2, "freescale"),
+    *(pytest.param(w, m, marks=pytest.mark.slow)
+      for w, m in [(1, "sdd"), (1, "freescale"), (2, "sync"), (2, "sdd")]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("world", "mode"), CLI_CASES)
 def test_an_undersized_table_is_one_line_and_status_2(world, mode):
     """The demo data (2000 items) on an item table of 100 rows, from the CLI."""
     proc = _cli(world, mode)
