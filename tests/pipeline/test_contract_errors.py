@@ -37,7 +37,9 @@ def _cli(mistake: str) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("mistake", ["per_sample", "forgot_content"])
+@pytest.mark.parametrize(
+    "mistake", ["per_sample", pytest.param("forgot_content", marks=pytest.mark.slow)]
+)
 def test_a_contract_mistake_is_one_line_and_status_2(mistake):
     proc = _cli(mistake)
     assert proc.returncode == 2, proc.stderr[-3000:]

@@ -121,6 +121,7 @@ def _metrics_losses(path: Path) -> list[float]:
     return [json.loads(line)["loss"] for line in path.read_text().splitlines()]
 
 
+@pytest.mark.slow  # two CLI runs (~30 s); the Python test runs the same partitioner
 def test_the_cli_and_a_config_file_name_it_module_qualname(user_code):
     """``--set balance=mypart:plan`` (planning in its helper process) and a
     file's ``[balance] method``: the same runs as from Python."""
