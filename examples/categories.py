@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from freescale import DataSchema, Feature, RecModel, SampleBatch
+from freescale import DataSchema, Feature, RecModel, SampleBatch, segment_mean
 from freescale.data import LengthDistribution, SyntheticConfig, SyntheticSource
 
 CATEGORY = "category"
@@ -81,7 +81,7 @@ class CategoryModel(RecModel):
         cats = self.categories(ids["categories"])  # called separately, in any order
         items = self.items(ids["items"])
         history = items[:n_u] + cats[:n_u] + self.actions(batch.uih["actions"])
-        user = _segment_mean(history, batch.uih.offsets)
+        user = segment_mean(history, batch.uih.offsets)
         cand = items[n_u:] + cats[n_u:]
         owner = torch.repeat_interleave(  # sized from shapes: one exportable program
             torch.arange(batch.batch_size, device=cand.device),
@@ -95,16 +95,6 @@ class CategoryModel(RecModel):
         target = batch.labels.float() * (1 - self.smoothing) + 0.5 * self.smoothing
         total = F.binary_cross_entropy_with_logits(logits.float(), target, reduction="sum")
         return total / normalizer, total.detach()
-
-
-def _segment_mean(values: Tensor, offsets: Tensor) -> Tensor:
-    """Mean of each segment's rows (zero for an empty segment)."""
-    lengths = offsets.diff()
-    owner = torch.repeat_interleave(
-        torch.arange(lengths.numel(), device=values.device), lengths, output_size=values.shape[0]
-    )
-    sums = values.new_zeros(lengths.numel(), values.shape[1]).index_add(0, owner, values)
-    return sums / lengths.clamp(min=1).unsqueeze(-1).to(values.dtype)
 
 
 def build(

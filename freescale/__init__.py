@@ -12,7 +12,7 @@ on first use:
 - `DataSchema`, `Feature` (`freescale.jagged.schema`): the data's features;
 - `SampleBatch`, `JaggedFeatures`, `JaggedTensor`: the batch a model's
   ``forward`` receives, its features sharing one offsets, one feature;
-  `segment_ids` (each packed row's segment) and `mean_content` (each
+  `segment_ids` (each packed row's segment), `segment_mean` and `mean_content` (each
   candidate's mean content embedding): pooling over jagged rows;
 - `TrainConfig`, `build_config`: the run's configuration; `load_config`,
   `config_toml`: the same as a TOML file (`freescale.config.files`).
@@ -37,6 +37,7 @@ _PUBLIC = {
     "JaggedFeatures": "freescale.jagged.tensor",
     "segment_ids": "freescale.jagged.ops",
     "mean_content": "freescale.models.pooling",
+    "segment_mean": "freescale.models.pooling",
     "TrainConfig": "freescale.config",
     "build_config": "freescale.config",
     "load_config": "freescale.config.files",

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from freescale import DataSchema, RecModel, SampleBatch
+from freescale import DataSchema, RecModel, SampleBatch, segment_mean
 
 
 class TwoTables(RecModel):
@@ -33,23 +33,14 @@ class TwoTables(RecModel):
         ids = self.embedding_inputs(batch)
         n_u, n_c = batch.uih["item_ids"].shape[0], batch.num_candidates_total
         items, content = self.items(ids["items"]), self.content(ids["content"])
-        user = _segment_mean(items[:n_u], batch.uih.offsets)
-        cand = items[n_u:] + _segment_mean(content, batch.content.offsets)
+        user = segment_mean(items[:n_u], batch.uih.offsets)
+        cand = items[n_u:] + segment_mean(content, batch.content.offsets)
         owner = torch.repeat_interleave(
             torch.arange(batch.batch_size, device=cand.device),
             batch.num_candidates(),
             output_size=n_c,
         )
         return self.score(torch.cat([user[owner], cand], dim=-1)).squeeze(-1)
-
-
-def _segment_mean(values: Tensor, offsets: Tensor) -> Tensor:
-    lengths = offsets.diff()
-    owner = torch.repeat_interleave(
-        torch.arange(lengths.numel(), device=values.device), lengths, output_size=values.shape[0]
-    )
-    sums = values.new_zeros(lengths.numel(), values.shape[1]).index_add(0, owner, values)
-    return sums / lengths.clamp(min=1).unsqueeze(-1).to(values.dtype)
 
 
 def build(schema: DataSchema, dim: int = 8, item_rows: int | None = None) -> TwoTables:
