@@ -33,6 +33,7 @@ lookup per step) needs. Its swapped modules refuse a training call outside
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -43,6 +44,7 @@ from torch import Tensor, nn
 from freescale.comm import Communicator
 from freescale.embedding import input_dist
 from freescale.embedding.config import Placement, ShardingPlan, TableConfig
+from freescale.embedding.dynamic import table_seed
 from freescale.embedding.host_tier import check_host_memory, ranks_on_host
 from freescale.embedding.lookup import GroupCall, ShardedLookup, Timer, no_timer
 from freescale.embedding.modes import Mode, Sync
@@ -65,7 +67,9 @@ def _group_tables(
     and placement share one."""
     groups: dict[tuple, list[TableConfig]] = {}
     for t in tables:
-        key = (t.dtype, t.dim, plan.optimizer_for(t), plan.placement_for(t))
+        # a dynamic table maps its own ids to its slots: a store of its own
+        own = t.name if t.dynamic is not None else None
+        key = (t.dtype, t.dim, plan.optimizer_for(t), plan.placement_for(t), own)
         groups.setdefault(key, []).append(t)
     return [(key[2], key[3], members) for key, members in groups.items()]
 
@@ -110,17 +114,17 @@ class ShardedEmbeddingCollection(nn.Module):
         self.comm, self.plan, self.overlap_comm = comm, plan, overlap_comm
         self._timer, self._inputs_checked = timer, inputs_checked
         self.device = torch.device(device) if device is not None else comm.device
+        tables = [dataclasses.replace(t, dynamic=plan.dynamic_for(t)) for t in tables]
         self.tables = {t.name: t for t in tables}
         self.stores = nn.ModuleList()
         self._where: dict[str, tuple[int, int]] = {}
         grouped = _group_tables(tables, plan)
         check_host_memory(host_tier_bytes(grouped, comm.world_size), ranks_on_host(comm.world_size))
         for g, (opt, placement, members) in enumerate(grouped):
-            shardings = [
-                RowSharding(t.rows, comm.world_size, plan.assignment, plan.block_size)
-                for t in members
-            ]
-            store = ShardStore(members, shardings, opt, comm.rank, self.device, seed + g, placement)
+            shardings = [_sharding(t, comm.world_size, plan) for t in members]
+            # a dynamic table's rows start from (table seed, id): not from its group
+            own = table_seed(seed, members[0].name) if members[0].dynamic else seed + g
+            store = ShardStore(members, shardings, opt, comm.rank, self.device, own, placement)
             self.stores.append(store)
             self._where.update({t.name: (g, i) for i, t in enumerate(members)})
         self._feature_table = {f: t.name for t in tables for f in t.features}
@@ -265,8 +269,9 @@ class ShardedEmbeddingCollection(nn.Module):
         unknown = [k for k in keys if k not in self._feature_table]
         requests = [] if unknown else [self._request(k, features[k]) for k in keys]
         checked = self._inputs_checked and self._use_prefetch
+        learns = self._use_prefetch and torch.is_grad_enabled()
         return input_dist.start(
-            comm, list(self.stores), keys, requests, unknown, self.device, checked
+            comm, list(self.stores), keys, requests, unknown, self.device, checked, learns
         )
 
     def _check_prefetched(self, prepared: input_dist.PreparedLookup, features: Features) -> None:
@@ -353,10 +358,36 @@ class ShardedEmbeddingCollection(nn.Module):
         g, t = self._where[name]
         return self.stores[g], t  # type: ignore[return-value]
 
+    def _static(self, name: str) -> tuple[ShardStore, int]:
+        store, t = self._locate(name)
+        if store.dynamic is not None:
+            raise ValueError(
+                f"table {name!r} is dynamic: its rows are keyed by id (dynamic_rows(name))"
+            )
+        return store, t
+
+    def dynamic_rows(self, name: str) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        """(ids, rows, optimizer state) of dynamic table ``name`` over all ranks,
+        by id (a collective)."""
+        self.flush()
+        store, _ = self._locate(name)
+        if store.dynamic is None:
+            raise ValueError(f"table {name!r} is static: see full_table(name)")
+        held = store.dynamic.tensors()
+        parts = {"ids": held["slot_ids"], "held": held["occupied"], "rows": store.weight}
+        parts.update(store.optimizer_state())
+        every = {k: self.comm.all_gather(v.to(self.device).contiguous()).wait()
+                 for k, v in parts.items()}  # fmt: skip
+        keep = every.pop("held")
+        ids = every.pop("ids")[keep]
+        order = torch.argsort(ids)
+        rows = every.pop("rows")[keep][order]
+        return ids[order], rows, {k: v[keep][order] for k, v in every.items()}
+
     @torch.no_grad()
     def set_table(self, name: str, weight: Tensor) -> None:
         """Load this rank's rows of table ``name`` from its full ``[rows, dim]`` weight."""
-        store, t = self._locate(name)
+        store, t = self._static(name)
         table = self.tables[name]
         if tuple(weight.shape) != (table.rows, table.dim):
             raise ValueError(
@@ -373,13 +404,13 @@ class ShardedEmbeddingCollection(nn.Module):
     def full_table(self, name: str) -> Tensor:
         """The whole table ``[rows, dim]``, gathered from all ranks (a collective)."""
         self.flush()
-        store, t = self._locate(name)
+        store, t = self._static(name)
         return self._gather(name, store.full_slice(t, store.weight))
 
     def full_optimizer_state(self, name: str) -> dict[str, Tensor]:
         """The optimizer state of table ``name`` over all rows (a collective per tensor)."""
         self.flush()
-        store, t = self._locate(name)
+        store, t = self._static(name)
         return {
             k: self._gather(name, store.full_slice(t, v))
             for k, v in store.optimizer_state().items()
@@ -424,6 +455,14 @@ def _same_ids(a: JaggedTensor | Tensor, b: JaggedTensor | Tensor, exact: bool) -
     return all(x.shape == y.shape and (not exact or torch.equal(x, y)) for x, y in pairs)
 
 
+def _sharding(table: TableConfig, world: int, plan: ShardingPlan) -> RowSharding:
+    """A static table's row assignment; a dynamic one's slots (owners come from
+    `freescale.embedding.dynamic.owner_of`, slots from its map)."""
+    if table.dynamic is not None:
+        return RowSharding(table.dynamic.local_capacity(world) * world, world, "block")
+    return RowSharding(table.rows, world, plan.assignment, plan.block_size)
+
+
 def _check_names(tables: Sequence[TableConfig]) -> None:
     if not tables:
         raise ValueError("a ShardedEmbeddingCollection needs at least one table")
@@ -445,5 +484,5 @@ def host_tier_bytes(grouped: list[tuple[Any, Placement, list[TableConfig]]], wor
         for t in members:
             state = sum(math.prod(shape) * 4 for shape, _ in opt.state_specs(t.dim).values())
             row = t.dim * torch.empty((), dtype=t.dtype).element_size() + state
-            total += -(-t.rows // world) * row
+            total += -(-(t.dynamic.capacity if t.dynamic else t.rows) // world) * row
     return total

@@ -13,6 +13,7 @@ from typing import Literal
 
 import torch
 
+from freescale.embedding.dynamic import DynamicSpec
 from freescale.embedding.optim import SGD, OptimizerConfig
 
 Assignment = Literal["hashed", "block"]
@@ -31,6 +32,9 @@ class TableConfig:
     the table name). ``optimizer`` None means the plan's default.
     ``padding_idx`` (as in ``nn.Embedding``) is looked up but never updated.
     ``placement``: ``"device"`` (default) or ``"host"`` (the host tier).
+    ``dynamic``: a `DynamicSpec` makes it a dynamic table
+    (`freescale.embedding.dynamic`): any int64 id, at most ``capacity`` rows;
+    ``rows`` is then not a bound on the ids.
     """
 
     name: str
@@ -41,6 +45,7 @@ class TableConfig:
     feature_names: tuple[str, ...] = ()
     padding_idx: int | None = None
     placement: Placement = "device"
+    dynamic: DynamicSpec | None = None
 
     def __post_init__(self) -> None:
         check_placement(f"table {self.name!r}", self.placement)
@@ -75,6 +80,8 @@ class ShardingPlan:
       table name (for `swap`: per module path).
     - ``table_placements`` overrides each named table's ``placement``
       (``"device"`` or ``"host"``; for `swap`: per module path).
+    - ``table_dynamics`` makes each named table dynamic (a `DynamicSpec`;
+      for `swap`: per module path).
     - ``modules`` (for `swap`): glob patterns of module paths to shard;
       empty means every ``nn.Embedding`` / ``EmbeddingCollection``.
     """
@@ -85,6 +92,7 @@ class ShardingPlan:
     table_optimizers: dict[str, OptimizerConfig] = field(default_factory=dict)
     modules: tuple[str, ...] = ()
     table_placements: dict[str, Placement] = field(default_factory=dict)
+    table_dynamics: dict[str, DynamicSpec] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name, placement in self.table_placements.items():
@@ -101,6 +109,9 @@ class ShardingPlan:
 
     def placement_for(self, table: TableConfig) -> Placement:
         return self.table_placements.get(table.name, table.placement)
+
+    def dynamic_for(self, table: TableConfig) -> DynamicSpec | None:
+        return self.table_dynamics.get(table.name, table.dynamic)
 
     def selects(self, module_path: str) -> bool:
         return not self.modules or any(fnmatch.fnmatchcase(module_path, p) for p in self.modules)

@@ -55,16 +55,21 @@ def start(
     unknown: list[str],
     device: torch.device,
     checked: bool = False,
+    learns: bool = True,
 ) -> PreparedLookup:
     """Phase 1. ``checked``: the caller vouches for the ids and offsets (host
     checks), so the device check is skipped; with one rank nothing is then
-    exchanged and the counts are the ids' sizes (no host read at all)."""
+    exchanged and the counts are the ids' sizes (no host read at all).
+    ``learns``: the call will be trained through (a dynamic table gives its
+    new ids rows; otherwise it only reads)."""
     by_group: dict[int, list[Request]] = {}
     for q in requests:
         by_group.setdefault(q.group, []).append(q)
     w = comm.world_size
     groups = sorted(by_group)
     calls = [route(stores[g], by_group[g], w) for g in groups]
+    for call in calls:
+        call.comm, call.learns = comm, learns
     structural = unknown or any(q.host_status is not None for q in requests)
     if checked and w == 1 and not structural:  # raising those needs the preflight
         for call in calls:

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from freescale.comm import Communicator, CompletedWork, Work
+from freescale.embedding.dynamic import owner_of
 from freescale.embedding.nonfinite import NonFiniteGuard
 from freescale.embedding.preflight import Request
 from freescale.embedding.store import ShardStore
@@ -48,6 +49,13 @@ class GroupCall:
     recv_slots: Tensor | None = None
     ids_work: Work | None = None  # ids AllToAll issued ahead (sdd), else None
     sorted_recv: tuple[Tensor, Tensor] | None = None  # (recv_slots, sorted): collision links
+    comm: Communicator | None = None  # a dynamic table's capacity check runs on it
+    learns: bool = True  # a dynamic table inserts and evicts for it (else only reads)
+
+    def receive(self, recv: Tensor) -> None:
+        """Take the ids that arrived on this shard: their local slots
+        (`ShardStore.receive`: a dynamic table maps them here, once per call)."""
+        self.recv_slots = self.store.receive(recv, self.comm, self.learns)
 
     @property
     def send_counts(self) -> Tensor:
@@ -71,7 +79,9 @@ def route(store: ShardStore, requests: list[Request], world_size: int) -> GroupC
     owners, slots = [], []
     for q in requests:
         slot = q.ids  # one rank: every id is its own slot (`RowSharding.locate`)
-        if world_size > 1:
+        if world_size > 1 and store.dynamic is not None:  # the owner maps raw ids
+            owners.append(owner_of(q.ids, world_size))
+        elif world_size > 1:
             owner, slot = store.shardings[q.slot_table].locate(q.ids)
             owners.append(owner)
         start = store.starts[q.slot_table]
@@ -101,9 +111,10 @@ def _exchange(comm: Communicator, x: Tensor, send: list[int], recv: list[int]) -
 def _forward(call: GroupCall, comm: Communicator, timer: Timer) -> Tensor:
     with timer("ids_a2a"):
         if call.ids_work is not None:  # issued ahead (sdd)
-            call.recv_slots, call.ids_work = call.ids_work.wait(), None
+            work, call.ids_work = call.ids_work, None
+            call.receive(work.wait())
         elif call.recv_slots is None:  # else received and staged ahead (`stage_ahead`)
-            call.recv_slots = _exchange(comm, call.send_slots, call.send, call.recv)
+            call.receive(_exchange(comm, call.send_slots, call.send, call.recv))
     with timer(call.store.section("lookup")):
         rows = call.store.lookup(call.recv_slots)
     with timer("emb_a2a"):
@@ -117,7 +128,8 @@ def stage_ahead(call: GroupCall, timer: Timer) -> None:
     if call.ids_work is None or not call.store.stages:
         return
     with timer("ids_a2a"):
-        call.recv_slots, call.ids_work = call.ids_work.wait(), None
+        work, call.ids_work = call.ids_work, None
+        call.receive(work.wait())
     call.store.stage(call.recv_slots)
 
 

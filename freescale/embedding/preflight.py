@@ -76,7 +76,7 @@ def _status(req: Request) -> Tensor:
     n = req.ids.numel()
     zero = torch.zeros((), dtype=torch.int64, device=device)
     code, value = zero, zero
-    if n:
+    if n and req.table.dynamic is None:  # a dynamic table takes any int64 id
         has_bad, first = first_bad(req.ids, req.table.rows)
         code = torch.where(has_bad, OUT_OF_RANGE, code)
         value = torch.where(has_bad, first, value)

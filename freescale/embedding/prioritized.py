@@ -129,7 +129,8 @@ class PrioritizedSchedule:
         with self.timer("ids_a2a"):
             for call in prepared.calls:
                 assert call.ids_work is not None
-                call.recv_slots, call.ids_work = call.ids_work.wait(), None
+                work, call.ids_work = call.ids_work, None
+                call.receive(work.wait())
         prev = self.steps[-1].calls() if self.steps else {}
         with self.timer("collision"):
             for g, call in state.calls().items():

@@ -30,6 +30,7 @@ from torch import Tensor, nn
 
 from freescale.embedding._ops import sum_duplicates
 from freescale.embedding.config import Placement, TableConfig
+from freescale.embedding.dynamic import DynamicMap, DynamicStats, check_capacity, initial_rows
 from freescale.embedding.host_tier import HostTier, host_tensor
 from freescale.embedding.optim import OptimizerConfig, Scalar, apply_rows, make_state
 from freescale.jagged.ops import copy_to_host, host_to_device, side_stream, wait_for_copy
@@ -66,6 +67,13 @@ class ShardStore(nn.Module):
         self.starts = [sum(sizes[:i]) for i in range(len(sizes))]
         self.slots = sum(sizes)
         self.tier: HostTier | None = None
+        self.dynamic: DynamicMap | None = None  # a dynamic table's id -> slot map
+        if tables[0].dynamic is not None:
+            if len(tables) != 1:
+                raise ValueError("a dynamic table has a store of its own")
+            self.dynamic = DynamicMap(tables[0].dynamic, self.slots, self.device)
+            self.dynamic_seed = seed
+            self.dynamic_stats = DynamicStats()
         weight = self._init_weight(seed)
         if placement == "host":
             state = _host_state(optimizer, self.slots, self.dim, self.device)
@@ -104,6 +112,8 @@ class ShardStore(nn.Module):
             weight = host_tensor((self.slots, self.dim), self.dtype, self.device)
         else:
             weight = torch.empty(self.slots, self.dim, dtype=self.dtype, device=self.device)
+        if self.dynamic is not None:  # rows start when an id arrives (`receive`)
+            return weight.zero_()
         gen = torch.Generator(device=weight.device).manual_seed(seed * 1_000_003 + self.rank)
         for t, start, s in zip(self.tables, self.starts, self.shardings, strict=True):
             bound = math.sqrt(1.0 / t.rows)
@@ -121,8 +131,58 @@ class ShardStore(nn.Module):
         return torch.tensor(sorted(slots), dtype=torch.int64, device=device)
 
     # ---- training ------------------------------------------------------------
+    def receive(self, recv: Tensor, comm: Any, learns: bool) -> Tensor:
+        """The local slots of the ids a lookup call brought this shard: a
+        static table's are what arrived; a dynamic table maps its ids (a
+        learning call inserts and evicts, `freescale.embedding.dynamic`;
+        another only reads, unknown ids get -1, which reads zeros)."""
+        if self.dynamic is None:
+            return recv
+        pad = self.tables[0].padding_idx
+        if pad is None:
+            return self._map(recv, comm, learns)
+        keep = recv != pad  # looked up, never given a row: reads zeros
+        slots = torch.full_like(recv, -1)
+        slots[keep] = self._map(recv[keep], comm, learns)
+        return slots
+
+    def _map(self, ids: Tensor, comm: Any, learns: bool) -> Tensor:
+        assert self.dynamic is not None
+        if not learns:
+            return self.dynamic.find(ids)
+        result = self.dynamic.map(ids)
+        check_capacity(self.tables[0], result, comm, self.dynamic)
+        self.join_update()
+        self.dynamic.commit(result)
+        self._start_rows(result.new_slots, result.new_ids)
+        self.dynamic_stats.add(result, self.dynamic.occupancy, self.dynamic.capacity)
+        return result.slots
+
+    def _start_rows(self, slots: Tensor, ids: Tensor) -> None:
+        """New ids' rows from (table seed, id); their optimizer state from its
+        initial values."""
+        if not slots.numel():
+            return
+        spec = self.tables[0].dynamic
+        assert spec is not None
+        rows = initial_rows(self.dynamic_seed, ids, self.dim, self.dtype, spec.bound)
+        where = slots.to(self.weight.device)
+        with torch.no_grad():
+            self.weight[where] = rows.to(self.weight.device)
+            for name, (_, init) in self.optimizer.state_specs(self.dim).items():
+                getattr(self, name)[where] = init
+        if self.tier is not None:
+            self.tier.drop()
+
     def lookup(self, slots: Tensor) -> Tensor:
         self.join_update()
+        if self.dynamic is not None:  # -1: an id without a row reads zeros
+            held = slots >= 0
+            rows = self._gather(slots.clamp(min=0))
+            return torch.where(held.unsqueeze(1), rows, rows.new_zeros(()))
+        return self._gather(slots)
+
+    def _gather(self, slots: Tensor) -> Tensor:
         if self.tier is not None:
             return self.tier.gather(self.weight, slots)
         return gather_rows(self.weight, slots)
@@ -230,6 +290,10 @@ class ShardStore(nn.Module):
         changes when the device flag ``skip`` is true.
         """
         self._follow_live_hyperparameters()
+        if self.dynamic is not None:  # ids without a row (not admitted): dropped, counted
+            held = slots >= 0
+            self.dynamic_stats.dropped += int(slots.numel() - int(held.sum()))
+            slots, grads = slots[held], grads[held]
         per_table = self._per_table_scalars(steps)
         if self.tier is not None:
             self.tier.count_update(slots)
@@ -362,6 +426,8 @@ class ShardStore(nn.Module):
         named = {"weight": self.weight, "steps": self.steps}
         named.update(self.optimizer_state())
         named["layout"] = self._layout()
+        if self.dynamic is not None:
+            named.update({f"dynamic_{k}": v for k, v in self.dynamic.tensors().items()})
         return named
 
     def _layout(self) -> Tensor:
@@ -411,6 +477,8 @@ class ShardStore(nn.Module):
                 if self.tier is not None:
                     self.tier.drop()
         self._host_steps = [int(s) for s in self.steps.tolist()]
+        if self.dynamic is not None:
+            self.dynamic.load({})  # the index of the loaded slots
         # A store has no children: every other key under its prefix is foreign
         # (e.g. another rank's shard).
         ours = {self._key(prefix, n) for n in tensors}

@@ -257,7 +257,8 @@ def swap(
         inputs_checked=inputs_checked,
     )
     for cfg, weight in pairs:
-        collection.set_table(cfg.name, weight.detach())
+        if collection.tables[cfg.name].dynamic is None:  # dynamic rows start by id
+            collection.set_table(cfg.name, weight.detach())
     n = len(targets)
     replacements = {key: _replacement(collection, path, m, n) for key, (path, m) in targets.items()}
     for _, parent in model.named_modules(remove_duplicate=False):

@@ -35,7 +35,9 @@ class TableRows:
 
     @staticmethod
     def of(tables: Iterable[TableConfig]) -> TableRows:
-        return TableRows(tuple(sorted((f, t.name, t.rows) for t in tables for f in t.features)))
+        # a dynamic table takes any int64 id (`freescale.embedding.dynamic`)
+        rows = [(f, t.name, t.rows) for t in tables if t.dynamic is None for f in t.features]
+        return TableRows(tuple(sorted(rows)))
 
     def first_beyond(self, features: Mapping[str, Any]) -> tuple[int, int] | None:
         """``(index into features, id)`` of the first id outside its table's rows

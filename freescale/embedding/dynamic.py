@@ -1,0 +1,349 @@
+"""Dynamic tables: any int64 id gets a row on the fly, in bounded memory.
+
+A table with ``capacity`` > 0 (`DynamicSpec`) holds at most ``capacity``
+rows over all ranks, ``ceil(capacity / W)`` per rank. Everything here is a
+function of the ids and the order of the steps alone, never of timing, the
+mode or the world size where the contract says so:
+
+- the owner of an id is a fixed 64-bit mix of it (`owner_of`), modulo W;
+- a new row starts from values drawn from (table seed, id) (`initial_rows`);
+- each shard maps its ids to its slots in `DynamicMap.map`, called once per
+  lookup call in call order, on the ids the shard receives. An id without a
+  row is admitted on its ``admit_after``-th call (before that it reads zeros
+  and its gradient is dropped) and takes a free slot, else the slot of the
+  least recently (``lru``) or least frequently (``lfu``) used id, ties broken
+  by the smaller id, never one read by this call or the one before it.
+
+A prefetching mode maps call i+1 during call i, after call i-1's last
+update and before call i's: the ids it may evict were read by neither, so
+no pending update and no prefetched row can meet a reused slot, and every
+mode maps the same ids in the same order to the same slots.
+
+The map itself is an index sorted by id (`torch.searchsorted`) over per-slot
+tensors on the table's device.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+EVICTIONS = ("lru", "lfu")
+# splitmix64's finalizer constants, as signed int64 (torch has no uint64 arithmetic).
+_M1 = 0xBF58476D1CE4E5B9 - (1 << 64)
+_M2 = 0x94D049BB133111EB - (1 << 64)
+_GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
+_LOW63 = (1 << 63) - 1
+
+
+@dataclass(frozen=True)
+class DynamicSpec:
+    """``capacity`` rows over all ranks; ``evict``: ``lru`` or ``lfu``;
+    ``admit_after``: calls an id is seen in before it gets a row."""
+
+    capacity: int
+    evict: str = "lru"
+    admit_after: int = 1
+
+    def __post_init__(self) -> None:
+        if isinstance(self.capacity, bool) or not isinstance(self.capacity, int):
+            raise ValueError(f"capacity must be an integer >= 1, got {self.capacity!r}")
+        if self.capacity < 1:
+            raise ValueError(f"capacity must be >= 1 (0: a static table), got {self.capacity}")
+        if self.evict not in EVICTIONS:
+            raise ValueError(f"evict must be one of {', '.join(EVICTIONS)}, got {self.evict!r}")
+        if (
+            isinstance(self.admit_after, bool)
+            or not isinstance(self.admit_after, int)
+            or self.admit_after < 1
+        ):
+            raise ValueError(f"admit_after must be an integer >= 1, got {self.admit_after!r}")
+
+    def local_capacity(self, world_size: int) -> int:
+        """Rows per rank: the even share plus 4 standard deviations of the
+        hash's spread (`owner_of` deals ids like dice), so ``capacity`` rows
+        hold any ``capacity`` distinct ids but with odds below 1e-4 per rank:
+        +1.1 % at 1M rows over 8 ranks, more on small tables."""
+        share = self.capacity / world_size
+        if world_size == 1:
+            return self.capacity
+        return math.ceil(share + 4.0 * math.sqrt(share))
+
+    @property
+    def bound(self) -> float:
+        """New rows start uniform in ``[-bound, bound)``: ``sqrt(1 / capacity)``."""
+        return math.sqrt(1.0 / self.capacity)
+
+
+def _shr(x: Tensor, k: int) -> Tensor:
+    """Logical right shift of int64 bits."""
+    return (x >> k) & ((1 << (64 - k)) - 1)
+
+
+def mix64(x: Tensor) -> Tensor:
+    """splitmix64's finalizer on int64 bits (wrapping multiplies), int64 out."""
+    x = x.to(torch.int64)
+    x = (x ^ _shr(x, 30)) * _M1
+    x = (x ^ _shr(x, 27)) * _M2
+    return x ^ _shr(x, 31)
+
+
+def owner_of(ids: Tensor, world_size: int) -> Tensor:
+    """The rank owning each id: fixed by the id and W alone."""
+    if world_size == 1:
+        return torch.zeros_like(ids, dtype=torch.int64)
+    return (mix64(ids) & _LOW63) % world_size
+
+
+def table_seed(seed: int, name: str) -> int:
+    """A table's seed: the collection's seed and the table's name, not its group."""
+    return (seed * 1_000_003 + zlib.crc32(name.encode())) & _LOW63
+
+
+def initial_rows(seed: int, ids: Tensor, dim: int, dtype: torch.dtype, bound: float) -> Tensor:
+    """``[len(ids), dim]`` values uniform in ``[-bound, bound)``, drawn from
+    (seed, id, column) by hashing: the same on every device, rank and step."""
+    cols = torch.arange(dim, dtype=torch.int64, device=ids.device)
+    key = mix64(ids.to(torch.int64) ^ mix64(torch.tensor(seed, device=ids.device)))
+    bits = mix64(key.unsqueeze(1) + cols * _GOLDEN)
+    u = _shr(bits, 40).to(torch.float64) / float(1 << 24)  # 24 bits: exact in float32
+    return ((u * 2.0 - 1.0) * bound).to(dtype)
+
+
+class DynamicTableFull(ValueError):
+    """A call's ids on one shard need more rows than it holds (nothing evictable)."""
+
+
+@dataclass
+class DynamicStats:
+    """A dynamic store's counts since they were last taken (`take`)."""
+
+    inserts: int = 0
+    evictions: int = 0
+    not_admitted: int = 0  # ids seen without a row yet, per call
+    dropped: int = 0  # gradient rows of ids without a row
+    occupancy: float = 0.0  # % of the shard's slots held, after the last call
+
+    def add(self, result: MapResult, occupied: int, capacity: int) -> None:
+        self.inserts += int(result.new_ids.numel())
+        self.evictions += result.evicted
+        self.not_admitted += result.not_admitted
+        self.occupancy = 100.0 * occupied / capacity
+
+    def take(self) -> dict[str, float]:
+        out = {k: getattr(self, k) for k in ("inserts", "evictions", "not_admitted", "dropped")}
+        out["occupancy_pct"] = self.occupancy
+        self.inserts = self.evictions = self.not_admitted = self.dropped = 0
+        return out
+
+
+def check_capacity(table: Any, result: MapResult, comm: Any, dmap: DynamicMap) -> None:
+    """Raise `DynamicTableFull` on every rank, before any shard changes, if
+    one shard's call needs more rows than it has (a collective)."""
+    mine = torch.tensor([[int(result.overflow), result.needed]], dtype=torch.int64)
+    if comm.world_size == 1:
+        every = mine
+    else:
+        every = comm.all_gather(mine.to(comm.device)).wait().cpu()
+    full = every[:, 0].nonzero().flatten().tolist()
+    if not full:
+        return
+    rank, needed = full[0], int(every[full[0], 1])
+    spec = table.dynamic
+    raise DynamicTableFull(
+        f"dynamic table {table.name!r} is full on rank {rank} at step {int(dmap.calls)}: "
+        f"its ids need {needed} rows (this lookup's and the one before it's), the shard "
+        f"holds {dmap.capacity} (capacity {spec.capacity} over {comm.world_size} ranks); "
+        f"raise embeddings.tables.{table.name}.capacity"
+    )
+
+
+@dataclass
+class MapResult:
+    """What `DynamicMap.map` decided for one call's ids (nothing applied yet)."""
+
+    slots: Tensor  # per id: its slot, -1 when not admitted
+    new_slots: Tensor  # slots given to new ids (their rows and state start afresh)
+    new_ids: Tensor
+    evicted: int
+    not_admitted: int
+    needed: int  # rows this call and the one before it hold on the shard
+    overflow: bool
+    _commit: dict[str, Tensor] = field(default_factory=dict, repr=False)
+
+
+_STATE = ("slot_ids", "occupied", "last_used", "uses")
+_PENDING = ("pend_ids", "pend_seen", "pend_count", "pend_last")
+
+
+class DynamicMap:
+    """One shard's id -> slot map of ``capacity`` slots (see the module docstring).
+
+    Tensors (all on ``device``; `tensors` names them for the state dict):
+    ``slot_ids``/``occupied``: the id in each slot; ``last_used``: the last
+    call that read it; ``uses``: how many calls read it since it came;
+    ``pend_*``: ids seen but not yet admitted (``admit_after`` > 1), as many
+    entries as slots, the least recently seen given up first; ``calls``: the
+    number of calls mapped (a 1-element tensor, so it checkpoints).
+    """
+
+    def __init__(self, spec: DynamicSpec, capacity: int, device: torch.device) -> None:
+        self.spec, self.capacity, self.device = spec, capacity, torch.device(device)
+        i64 = {"dtype": torch.int64, "device": self.device}
+        self.slot_ids = torch.zeros(capacity, **i64)
+        self.occupied = torch.zeros(capacity, dtype=torch.bool, device=self.device)
+        self.last_used = torch.full((capacity,), -1, **i64)
+        self.uses = torch.zeros(capacity, **i64)
+        self.pend_ids = torch.zeros(capacity, **i64)
+        self.pend_seen = torch.zeros(capacity, dtype=torch.bool, device=self.device)
+        self.pend_count = torch.zeros(capacity, **i64)
+        self.pend_last = torch.full((capacity,), -1, **i64)
+        self.calls = torch.zeros(1, **i64)
+        self._reindex()
+
+    # ---- state ------------------------------------------------------------
+    def tensors(self) -> dict[str, Tensor]:
+        return {n: getattr(self, n) for n in (*_STATE, *_PENDING, "calls")}
+
+    def load(self, tensors: dict[str, Tensor]) -> None:
+        for name, t in tensors.items():
+            getattr(self, name).copy_(t)
+        self._reindex()
+
+    def _reindex(self) -> None:
+        """The sorted index of the occupied slots (and of the pending ids)."""
+        self._index = _sorted_index(self.slot_ids, self.occupied)
+        self._pend_index = _sorted_index(self.pend_ids, self.pend_seen)
+
+    @property
+    def occupancy(self) -> int:
+        return int(self.occupied.sum())
+
+    def held(self) -> tuple[Tensor, Tensor]:
+        """(ids, slots) of the occupied slots, by id."""
+        return self._index
+
+    def find(self, ids: Tensor) -> Tensor:
+        """Slot of each id, -1 where it has none (no change)."""
+        return _find(self._index, ids)
+
+    # ---- one call ---------------------------------------------------------
+    def map(self, ids: Tensor) -> MapResult:
+        """Decide the slots of a call's ids; `commit` applies it (after the
+        ranks agreed that no shard overflowed)."""
+        call = int(self.calls)
+        uniq, inverse = torch.unique(ids.to(torch.int64), sorted=True, return_inverse=True)
+        found = _find(self._index, uniq)
+        missing = found < 0
+        new = uniq[missing]
+        admit = torch.ones_like(new, dtype=torch.bool)
+        pend_pos = torch.zeros(0, dtype=torch.int64, device=self.device)
+        if self.spec.admit_after > 1 and new.numel():
+            pend_pos = _find(self._pend_index, new)
+            seen = torch.where(pend_pos >= 0, self.pend_count[pend_pos.clamp(min=0)], 0)
+            admit = seen + 1 >= self.spec.admit_after
+        admitted = new[admit]
+        # Candidates: free slots by slot, then ids read by neither this call nor
+        # the one before it, least recently / frequently used first, then by id.
+        in_call = torch.zeros(self.capacity, dtype=torch.bool, device=self.device)
+        in_call[found[~missing]] = True
+        before = self.occupied & (self.last_used == call - 1) & ~in_call
+        usable = ~self.occupied | ~(in_call | before)
+        order = self._eviction_order()
+        candidates = order[usable[order]]
+        n_new = admitted.numel()
+        overflow = n_new > candidates.numel()
+        chosen = candidates[:n_new]
+        slot_of_uniq = found.clone()
+        if not overflow and n_new:
+            slot_of_uniq[missing.nonzero().squeeze(1)[admit]] = chosen
+        result = MapResult(
+            slots=slot_of_uniq[inverse] if not overflow else torch.full_like(ids, -1),
+            new_slots=chosen if not overflow else chosen[:0],
+            new_ids=admitted if not overflow else admitted[:0],
+            evicted=int(self.occupied[chosen].sum()) if not overflow else 0,
+            not_admitted=int((~admit).sum()),
+            needed=int(in_call.sum()) + n_new + int(before.sum()),
+            overflow=overflow,
+        )
+        result._commit = {
+            "uniq": uniq,
+            "slot_of_uniq": slot_of_uniq,
+            "waiting": new[~admit],
+            "waiting_pos": pend_pos[~admit] if pend_pos.numel() else pend_pos,
+            "admitted_pos": pend_pos[admit] if pend_pos.numel() else pend_pos,
+        }
+        return result
+
+    def commit(self, result: MapResult) -> None:
+        """Apply ``result`` (from the last `map`): slots, use counts, pending ids."""
+        assert not result.overflow
+        call = int(self.calls)
+        c = result._commit
+        if result.new_slots.numel():
+            self.slot_ids[result.new_slots] = result.new_ids
+            self.occupied[result.new_slots] = True
+            self.uses[result.new_slots] = 0
+        held = c["slot_of_uniq"][c["slot_of_uniq"] >= 0]
+        self.last_used[held] = call
+        self.uses[held] += 1
+        if self.spec.admit_after > 1:
+            self._count_waiting(c["waiting"], c["waiting_pos"], c["admitted_pos"], call)
+        self.calls += 1
+        self._reindex()
+
+    def _eviction_order(self) -> Tensor:
+        """Every slot, in the order they are given to new ids: free slots by
+        slot number, then held ones by (last use or use count, id)."""
+        slots = torch.arange(self.capacity, device=self.device)
+        by_id = torch.argsort(self.slot_ids, stable=True)
+        primary = self.last_used if self.spec.evict == "lru" else self.uses
+        by_use = by_id[torch.argsort(primary[by_id], stable=True)]
+        held = by_use[self.occupied[by_use]]
+        return torch.cat([slots[~self.occupied], held])
+
+    def _count_waiting(self, waiting: Tensor, pos: Tensor, admitted_pos: Tensor, call: int) -> None:
+        """One more sighting of each waiting id; admitted ones leave the list;
+        a new waiting id takes a free entry, else the least recently seen one
+        not seen in this call (ties by id); if none is left it is not counted."""
+        if admitted_pos.numel():
+            gone = admitted_pos[admitted_pos >= 0]
+            self.pend_seen[gone] = False
+        if not waiting.numel():
+            self._pend_index = _sorted_index(self.pend_ids, self.pend_seen)
+            return
+        known = pos >= 0
+        self.pend_count[pos[known]] += 1
+        self.pend_last[pos[known]] = call
+        fresh = waiting[~known]
+        entries = torch.arange(self.capacity, device=self.device)
+        by_id = torch.argsort(self.pend_ids, stable=True)
+        by_seen = by_id[torch.argsort(self.pend_last[by_id], stable=True)]
+        reusable = by_seen[self.pend_seen[by_seen] & (self.pend_last[by_seen] < call)]
+        free = torch.cat([entries[~self.pend_seen], reusable])[: fresh.numel()]
+        fresh = fresh[: free.numel()]
+        self.pend_ids[free] = fresh
+        self.pend_seen[free] = True
+        self.pend_count[free] = 1
+        self.pend_last[free] = call
+
+
+def _sorted_index(keys: Tensor, present: Tensor) -> tuple[Tensor, Tensor]:
+    positions = present.nonzero().squeeze(1)
+    held = keys[positions]
+    order = torch.argsort(held)
+    return held[order], positions[order]
+
+
+def _find(index: tuple[Tensor, Tensor], ids: Tensor) -> Tensor:
+    keys, positions = index
+    if not keys.numel():
+        return torch.full_like(ids, -1, dtype=torch.int64)
+    at = torch.searchsorted(keys, ids).clamp(max=keys.numel() - 1)
+    hit = keys[at] == ids
+    return torch.where(hit, positions[at], -1)

@@ -1,0 +1,189 @@
+"""Dynamic tables, from the user's side: raw 64-bit ids, bounded rows, exact in every mode.
+
+A dynamic table given ids sent through a random injective 64-bit map trains
+bit-identically to a static table over the original ids whose rows start
+from the same values (every mode, optimizer and world size), and below
+capacity (evictions every step) the three modes still agree bit for bit.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from freescale.comm import run_threads
+from freescale.embedding import (
+    SGD,
+    Adam,
+    Prioritized,
+    RowwiseAdagrad,
+    ShardedEmbeddingCollection,
+    ShardingPlan,
+    SparseDataDist,
+    Sync,
+    TableConfig,
+)
+from freescale.embedding.dynamic import DynamicMap, DynamicSpec, initial_rows, table_seed
+from freescale.jagged import JaggedTensor
+
+MODES = {"sync": Sync, "sdd": SparseDataDist, "freescale": Prioritized}
+OPTIMIZERS = {
+    "sgd": lambda: SGD(lr=0.3, lr_schedule=lambda s: 0.3 / (1.0 + 0.1 * s)),
+    "adagrad": lambda: RowwiseAdagrad(lr=0.2, eps=1e-6, initial_accumulator=0.01),
+    "adam": lambda: Adam(lr=0.05, beta1=0.8, beta2=0.95, eps=1e-6),
+}
+ROWS, DIM, SAMPLES, STEPS, SEED = 61, 4, 12, 6, 7
+ROOMY = DynamicSpec(ROWS + 3)  # capacity for every id
+
+
+def raw_map(n: int) -> torch.Tensor:
+    """A random injective map of ``0..n-1`` into int64, negative ids included."""
+    g = torch.Generator().manual_seed(11)
+    raw = torch.randint(-(2**63), 2**63 - 1, (4 * n,), generator=g, dtype=torch.int64)
+    raw = torch.unique(raw)[torch.randperm(torch.unique(raw).numel(), generator=g)][:n]
+    assert raw.numel() == n
+    return raw
+
+
+def batch(step: int, rank: int, world: int, rows: int = ROWS) -> tuple[JaggedTensor, torch.Tensor]:
+    """This rank's part of a global batch (uneven: rank ``step % W`` gets none)."""
+    g = torch.Generator().manual_seed(100 + step)
+    lengths = torch.randint(0, 6, (SAMPLES,), generator=g)
+    ids = (torch.rand(int(lengths.sum()), generator=g) ** 2 * rows).long()
+    target = torch.randn(int(lengths.sum()), DIM, generator=g)
+    share = [0 if r == step % world and world > 1 else 1 for r in range(world)]
+    bounds = [SAMPLES * sum(share[:r]) // sum(share) for r in range(world + 1)]
+    lo, hi = bounds[rank], bounds[rank + 1]
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+    a, b = int(offsets[lo]), int(offsets[hi])
+    return JaggedTensor.from_lengths(ids[a:b], lengths[lo:hi]), target[a:b]
+
+
+def train(comm, mode: str, optimizer: str, dynamic: DynamicSpec | None, steps: int = STEPS,
+          rows: int = ROWS) -> dict:  # fmt: skip
+    raw = raw_map(rows)
+    table = TableConfig("items", rows, DIM, optimizer=OPTIMIZERS[optimizer](), dynamic=dynamic)
+    coll = ShardedEmbeddingCollection(
+        [table], comm, ShardingPlan(), device=comm.device, seed=SEED, mode=MODES[mode]()
+    )
+    if dynamic is None:  # the static twin starts where the dynamic rows start
+        bound = ROOMY.bound
+        coll.set_table("items", initial_rows(table_seed(SEED, "items"), raw, DIM, torch.float32, bound))
+
+    def features(step: int) -> dict:
+        ids, _ = batch(step, comm.rank, comm.world_size, rows)
+        values = raw[ids.values] if dynamic is not None else ids.values
+        return {"items": JaggedTensor(values, ids.offsets)}
+
+    if coll.mode.prefetches:
+        coll.prefetch(features(0))
+    losses = []
+    for step in range(steps):
+        if coll.mode.prefetches and step + 1 < steps:
+            coll.prefetch(features(step + 1))
+        out = coll(features(step))["items"].values
+        coll.prefetch_ids() if coll.mode.prefetches else None
+        loss = 0.5 * (out - batch(step, comm.rank, comm.world_size, rows)[1]).pow(2).sum() / SAMPLES
+        loss.backward()
+        losses.append(loss.item())
+    coll.flush()
+    if dynamic is None:
+        rows_by_id = coll.full_table("items")
+        state = coll.full_optimizer_state("items")
+    else:
+        ids, weights, st = coll.dynamic_rows("items")
+        rank_of = {int(r): i for i, r in enumerate(raw)}
+        order = torch.tensor([rank_of[int(i)] for i in ids], dtype=torch.int64)
+        rows_by_id = {"ids": order, "rows": weights}
+        state = st
+    stats = coll.stores[0].dynamic_stats.take() if dynamic is not None else {}
+    return {"losses": losses, "rows": rows_by_id, "state": state, "stats": stats}
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+def test_a_dynamic_table_over_mapped_ids_trains_like_the_static_table(world, optimizer):
+    static = run_threads(train, world, "sync", optimizer, None)
+    for mode in MODES:
+        dyn = run_threads(train, world, mode, optimizer, ROOMY)
+        for got, want in zip(dyn, static, strict=True):
+            assert got["losses"] == want["losses"], mode
+            order = got["rows"]["ids"]
+            assert torch.equal(got["rows"]["rows"], want["rows"][order]), mode
+            for k, v in want["state"].items():
+                assert torch.equal(got["state"][k], v[order]), (mode, k)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+@pytest.mark.parametrize("evict", ["lru", "lfu"])
+def test_below_capacity_every_mode_is_bit_identical(world, evict):
+    spec = DynamicSpec(40, evict=evict, admit_after=2)
+    runs = {m: run_threads(train, world, m, "adagrad", spec, 10) for m in MODES}
+    assert sum(r["stats"]["evictions"] for r in runs["sync"]) > 20
+    assert sum(r["stats"]["not_admitted"] for r in runs["sync"]) > 0
+    for mode in ("sdd", "freescale"):
+        for got, want in zip(runs[mode], runs["sync"], strict=True):
+            assert got["losses"] == want["losses"], mode
+            assert torch.equal(got["rows"]["ids"], want["rows"]["ids"]), mode
+            assert torch.equal(got["rows"]["rows"], want["rows"]["rows"]), mode
+
+
+def test_eviction_takes_the_least_recently_used_never_this_call_or_the_one_before():
+    m = DynamicMap(DynamicSpec(3), 3, torch.device("cpu"))
+
+    def call(*ids: int) -> list[int]:
+        r = m.map(torch.tensor(ids))
+        m.commit(r)
+        return r.slots.tolist()
+
+    assert call(30, 10) == [1, 0]  # free slots in order, new ids by id
+    assert call(20) == [2]
+    assert call(40) == [0]  # 10 and 30 last read at call 0; 10 < 30
+    r = m.map(torch.tensor([50, 60, 70]))  # 40 is held for the call before: 2 slots free
+    assert r.overflow and r.needed == 4
+    assert call(50, 40) == [1, 0]  # 30 (call 0) goes before 20 (call 1)
+    assert call(60) == [2]  # 20, the only one not read by calls 3 and 4
+
+
+def test_admission_gives_a_row_on_the_kth_sighting_and_zeros_before():
+    m = DynamicMap(DynamicSpec(4, admit_after=3), 4, torch.device("cpu"))
+    seen = []
+    for _ in range(3):
+        r = m.map(torch.tensor([9, 9]))
+        m.commit(r)
+        seen.append(r.slots.tolist())
+    assert seen == [[-1, -1], [-1, -1], [0, 0]]
+
+
+def test_new_rows_depend_on_seed_and_id_only():
+    ids = torch.tensor([5, -(2**63), 2**63 - 1, 5])
+    rows = initial_rows(3, ids, 8, torch.float32, 0.5)
+    assert torch.equal(rows[0], rows[3]) and not torch.equal(rows[0], rows[1])
+    assert torch.equal(initial_rows(3, ids[1:2], 8, torch.float32, 0.5), rows[1:2])
+    assert float(rows.abs().max()) <= 0.5
+
+
+def _full(comm) -> str:
+    table = TableConfig("items", 8, DIM, dynamic=DynamicSpec(4 * comm.world_size))
+    coll = ShardedEmbeddingCollection([table], comm, ShardingPlan(), device=comm.device)
+    ids = torch.arange(40) * 7919  # about ten per shard
+    try:
+        coll({"items": ids}).sum().backward()
+    except ValueError as e:
+        return str(e)
+    return "no error"
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_a_full_shard_is_one_line_on_every_rank(world):
+    lines = run_threads(_full, world)
+    assert len(set(lines)) == 1 and "\n" not in lines[0]
+    assert lines[0].startswith("dynamic table 'items' is full on rank 0 at step 0: its ids need")
+
+
+@pytest.mark.parametrize("bad", [{"capacity": -1}, {"capacity": 4, "evict": "fifo"},
+                                 {"capacity": 4, "admit_after": 0}])  # fmt: skip
+def test_bad_settings_are_one_line(bad):
+    with pytest.raises(ValueError) as e:
+        DynamicSpec(**bad)
+    assert "\n" not in str(e.value)
