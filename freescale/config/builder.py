@@ -125,7 +125,10 @@ class _Values:
         """``embeddings.tables.NAME.KEY=VALUE`` (NAME may hold dots: a module path)."""
         name, _, key = path.removeprefix("embeddings.tables.").rpartition(".")
         if not name:
-            raise ValueError(f"{path!r} must look like embeddings.tables.NAME.placement")
+            raise ValueError(
+                f"{path!r} must look like embeddings.tables.NAME.KEY"
+                " (KEY: placement, capacity, evict, admit_after)"
+            )
         tables = {k: dict(v) for k, v in self.values["embeddings"]["tables"].items()}
         tables.setdefault(name, {})[key] = text
         self.values["embeddings"]["tables"] = tables

@@ -17,16 +17,28 @@ from freescale.comm import BACKENDS as COMM_BACKENDS
 from freescale.comm.nixl_support import STAGINGS as COMM_STAGINGS
 from freescale.comm.nixl_support import missing_message, nixl_installed
 from freescale.embedding.config import PLACEMENTS
+from freescale.embedding.dynamic import DynamicSpec
 from freescale.embedding.optim import OPTIMIZERS as EMB_OPTIMIZERS
 from freescale.naming import FORM, is_named
 
 MODES = ("sync", "sdd", "freescale")
 DEVICES = ("auto", "cpu", "cuda")
-TABLE_KEYS = ("placement",)  # embeddings.tables.<name>.<key>
+# embeddings.tables.<name>.<key>: where its shard lives, and a dynamic table's keys
+TABLE_KEYS = ("placement", "capacity", "evict", "admit_after")
 BUILTIN_MODEL = "freescale.models.sequence:build"
 LR_DECAYS = ("none", "linear", "cosine")
 BEST_METRICS = ("hr@10", "ndcg@10", "auc")
 DROPOUT_KEYS = ("emb_dropout", "attn_dropout", "ffn_dropout")  # the built-in models' options
+
+
+def _integer(name: str, value: Any) -> int:
+    """An integer key given as a number or as text (``--set``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {value!r}") from None
 
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
@@ -203,7 +215,8 @@ class EmbeddingsSection:
     weight_decay: float = 0.0
     lr_warmup: int = 0  # updates of linear warm-up (`freescale.pipeline.lr_schedule`)
     lr_decay: str = "none"  # none | linear | cosine, to 0 at the run's last step
-    # {table: {"placement": "device" | "host"}}; set as embeddings.tables.NAME.placement=host
+    # {table: {"placement": "device" | "host", "capacity": rows (0: static), "evict":
+    # "lru" | "lfu", "admit_after": K}}; set as embeddings.tables.NAME.KEY=VALUE
     tables: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -212,12 +225,40 @@ class EmbeddingsSection:
         _finite("embeddings", "lr", self.lr, 0, strict=True)
         _schedule_keys("embeddings", self)
         for name, keys in self.tables.items():
-            for key, value in keys.items():
+            for key in keys:
                 _choice(f"embeddings.tables.{name}.{key}", key, TABLE_KEYS)
-                _choice(f"embeddings.tables.{name}.placement", value, PLACEMENTS)
+            if "placement" in keys:
+                _choice(f"embeddings.tables.{name}.placement", keys["placement"], PLACEMENTS)
+        self.dynamics()
 
     def placements(self) -> dict[str, str]:
-        return {name: keys["placement"] for name, keys in self.tables.items() if keys}
+        return {
+            name: keys["placement"] for name, keys in self.tables.items() if "placement" in keys
+        }
+
+    def dynamics(self) -> dict[str, DynamicSpec]:
+        """The dynamic tables (``capacity`` > 0), by name; one line for a bad key."""
+        out = {}
+        for name, keys in self.tables.items():
+            prefix = f"embeddings.tables.{name}"
+            capacity = _integer(f"{prefix}.capacity", keys.get("capacity", 0))
+            if capacity < 0:
+                raise ValueError(
+                    f"{prefix}.capacity must be >= 0 (0: a static table), got {capacity}"
+                )
+            if not capacity:
+                for key in ("evict", "admit_after"):
+                    if key in keys:
+                        raise ValueError(
+                            f"{prefix}.{key} needs {prefix}.capacity > 0 (a dynamic table)"
+                        )
+                continue
+            admit = _integer(f"{prefix}.admit_after", keys.get("admit_after", 1))
+            try:
+                out[name] = DynamicSpec(capacity, str(keys.get("evict", "lru")), admit)
+            except ValueError as e:
+                raise ValueError(f"{prefix}: {e}") from None
+        return out
 
 
 @dataclass(frozen=True)

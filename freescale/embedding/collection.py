@@ -321,6 +321,16 @@ class ShardedEmbeddingCollection(nn.Module):
             return None
         return torch.stack([t.take_bytes() for t in tiers]).sum().reshape(1).double()
 
+    def dynamic_counts(self) -> tuple[int, ...] | None:
+        """This rank's dynamic tables since the last call: (slots held, slots,
+        inserts, evictions, ids not admitted, gradient rows dropped); None
+        without a dynamic table."""
+        stores = [s for s in self.stores if s.dynamic is not None]  # type: ignore[union-attr]
+        if not stores:
+            return None
+        taken = [s.dynamic_stats.take() for s in stores]  # type: ignore[union-attr]
+        return tuple(sum(col) for col in zip(*taken, strict=True))
+
     def collision_stats(self) -> CollisionStats | None:
         """Collision of the last prefetched step with the one before, on this rank's shards.
 

@@ -125,19 +125,20 @@ class DynamicStats:
 
     inserts: int = 0
     evictions: int = 0
-    not_admitted: int = 0  # ids seen without a row yet, per call
+    not_admitted: int = 0  # distinct ids seen without getting a row, per call
     dropped: int = 0  # gradient rows of ids without a row
-    occupancy: float = 0.0  # % of the shard's slots held, after the last call
+    held: int = 0  # slots holding an id, after the last call
+    slots: int = 0
 
-    def add(self, result: MapResult, occupied: int, capacity: int) -> None:
+    def add(self, result: MapResult, held: int, slots: int) -> None:
         self.inserts += int(result.new_ids.numel())
         self.evictions += result.evicted
         self.not_admitted += result.not_admitted
-        self.occupancy = 100.0 * occupied / capacity
+        self.held, self.slots = held, slots
 
-    def take(self) -> dict[str, float]:
-        out = {k: getattr(self, k) for k in ("inserts", "evictions", "not_admitted", "dropped")}
-        out["occupancy_pct"] = self.occupancy
+    def take(self) -> tuple[int, int, int, int, int, int]:
+        """(held, slots, inserts, evictions, not admitted, dropped); the counts restart."""
+        out = (self.held, self.slots, self.inserts, self.evictions, self.not_admitted, self.dropped)
         self.inserts = self.evictions = self.not_admitted = self.dropped = 0
         return out
 
@@ -146,10 +147,7 @@ def check_capacity(table: Any, result: MapResult, comm: Any, dmap: DynamicMap) -
     """Raise `DynamicTableFull` on every rank, before any shard changes, if
     one shard's call needs more rows than it has (a collective)."""
     mine = torch.tensor([[int(result.overflow), result.needed]], dtype=torch.int64)
-    if comm.world_size == 1:
-        every = mine
-    else:
-        every = comm.all_gather(mine.to(comm.device)).wait().cpu()
+    every = mine if comm.world_size == 1 else comm.all_gather(mine.to(comm.device)).wait().cpu()
     full = every[:, 0].nonzero().flatten().tolist()
     if not full:
         return

@@ -73,7 +73,7 @@ class ShardStore(nn.Module):
                 raise ValueError("a dynamic table has a store of its own")
             self.dynamic = DynamicMap(tables[0].dynamic, self.slots, self.device)
             self.dynamic_seed = seed
-            self.dynamic_stats = DynamicStats()
+            self.dynamic_stats = DynamicStats(slots=self.slots)
         weight = self._init_weight(seed)
         if placement == "host":
             state = _host_state(optimizer, self.slots, self.dim, self.device)

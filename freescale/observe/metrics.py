@@ -37,6 +37,8 @@ from freescale.models.loss import normalized_entropy
 from freescale.observe.timing import CATEGORIES
 
 # Order of the per-rank vector that is all-gathered.
+# a rank's dynamic tables in a step (`ShardedEmbeddingCollection.dynamic_counts`)
+DYNAMIC_COUNTS = ("held", "slots", "inserts", "evictions", "not_admitted", "dropped")
 _FIELDS = (
     "step_ms",
     "compute_ms",
@@ -61,6 +63,8 @@ _FIELDS = (
     "host_tier",  # 1: this rank has host-tier tables (then the two below are reported)
     "host_tier_ms",  # the compute stream's time in host-tier reads and updates
     "host_tier_bytes",  # bytes the host tier moved between host and device
+    "dynamic",  # 1: this rank has dynamic tables (then the six below are reported)
+    *(f"dynamic_{k}" for k in DYNAMIC_COUNTS),
     *(f"feature_{name}" for name in FEATURES),
 )
 STOP = _FIELDS.index("stop")
@@ -89,6 +93,7 @@ class RankStep:
     compiled_frames: float = 0.0  # frames dynamo compiled during the step (dense.compile)
     attention_graphs: float = 0.0  # cuDNN attention graphs built during the step
     host_tier: tuple[float, float] | None = None  # (exposed ms, bytes); None: no host tier
+    dynamic: tuple[float, ...] | None = None  # DYNAMIC_COUNTS; None: no dynamic table
 
     def vector(self, device: torch.device) -> torch.Tensor:
         values = [
@@ -111,6 +116,8 @@ class RankStep:
             self.attention_graphs,
             float(self.host_tier is not None),
             *(self.host_tier or (0.0, 0.0)),
+            float(self.dynamic is not None),
+            *(self.dynamic or (0.0,) * len(DYNAMIC_COUNTS)),
             *self.features,
         ]
         return torch.tensor(values, dtype=torch.float64, device=device)
@@ -176,6 +183,20 @@ def summarize_step(step: int, table: torch.Tensor, peak: float | None = None) ->
         "attention_graphs_built": int(max(col["attention_graphs"])),
         **_throughput(col["flops"], t_iter, peak),
         **_host_tier(col, t_iter),
+        **_dynamic(col),
+    }
+
+
+def _dynamic(col: dict[str, list[float]]) -> dict[str, Any]:
+    """Dynamic tables over all ranks, only in runs that have them: the share of
+    their slots held, and the step's inserts, evictions, ids seen without a
+    row (not yet admitted) and gradient rows dropped for them."""
+    if not any(col["dynamic"]):
+        return {}
+    total = {k: sum(col[f"dynamic_{k}"]) for k in DYNAMIC_COUNTS}
+    return {
+        "dynamic_occupancy_pct": _pct(total["held"], total["slots"]),
+        **{f"dynamic_{k}": int(total[k]) for k in DYNAMIC_COUNTS[2:]},
     }
 
 

@@ -65,9 +65,13 @@ class StepRecord:
     eval: dict[str, float] | None = None
     collision: Callable[[], list[float]] | None = None  # freescale: C^i counts, read later
     host_bytes: Callable[[], list[float]] | None = None  # host-tier traffic, read later
+    dynamic: tuple[int, ...] | None = None  # dynamic tables' counts (host numbers)
 
-    def read_later(self, collision: Tensor | None, host_bytes: Tensor | None) -> None:
-        """Keep the step's device counts (either may be None) to read at its metrics."""
+    def read_later(self, collision: Tensor | None, embeddings: Any) -> None:
+        """Keep the step's device counts (``collision`` may be None) and the
+        tables' (host-tier traffic, dynamic tables) to read at its metrics."""
+        host_bytes = embeddings.host_tier_traffic()
+        self.dynamic = embeddings.dynamic_counts()
         if collision is not None:
             self.collision = read_later(collision)
         if host_bytes is not None:
@@ -137,6 +141,8 @@ class StepMetrics:
             local.collision = tuple(rec.collision())  # type: ignore[assignment]
         if rec.host_bytes is not None:
             local.host_tier = (host_tier_ms, rec.host_bytes()[0])
+        if rec.dynamic is not None:
+            local.dynamic = tuple(float(x) for x in rec.dynamic)
         table = gather_step(local, self.group)
         if table[:, STOP].max() > 0 and not self.stop_agreed:
             self.stop_agreed = True  # every rank decides this in the same step

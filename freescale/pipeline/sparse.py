@@ -58,8 +58,8 @@ def sharding_plan(section: EmbeddingsSection, model: nn.Module, steps: int = 0) 
     """Row-wise shard exactly the modules the model names (`sharded_modules`),
     each table where ``embeddings.tables.<name>.placement`` puts it."""
     modules = tuple(model.sharded_modules)  # type: ignore[attr-defined]
-    placements = section.placements()
-    for name in placements:  # a module path, or a table of a collection under one
+    placements, dynamics = section.placements(), section.dynamics()
+    for name in section.tables:  # a module path, or a table of a collection under one
         if not any(name == p or name.startswith(p + ".") for p in modules):
             raise ValueError(
                 f"embeddings.tables.{name} is not a table of the model's sharded_modules "
@@ -70,6 +70,7 @@ def sharding_plan(section: EmbeddingsSection, model: nn.Module, steps: int = 0) 
         assignment=section.assignment,
         modules=tuple(glob_escape(p) for p in modules),
         table_placements=placements,  # type: ignore[arg-type]
+        table_dynamics=dynamics,
     )
 
 

@@ -193,7 +193,7 @@ class Trainer:
             frames = self.dense.step_frames  # dynamo's compiles in the step (dense.compile)
             record = StepRecord(step, info, read_later(values), self.timer.take(), handle, frames,
                                 attention_graphs=self.dense.step_graphs)  # fmt: skip
-            record.read_later(collision, self.sparse.embeddings.host_tier_traffic())
+            record.read_later(collision, self.sparse.embeddings)
             if self.evaluator.due(step, run.steps):
                 record.eval = {"step": step, **self.evaluator.heldout(step)}
             if pending is not None:

@@ -68,7 +68,9 @@ def train(comm, mode: str, optimizer: str, dynamic: DynamicSpec | None, steps: i
     )
     if dynamic is None:  # the static twin starts where the dynamic rows start
         bound = ROOMY.bound
-        coll.set_table("items", initial_rows(table_seed(SEED, "items"), raw, DIM, torch.float32, bound))
+        coll.set_table(
+            "items", initial_rows(table_seed(SEED, "items"), raw, DIM, torch.float32, bound)
+        )
 
     def features(step: int) -> dict:
         ids, _ = batch(step, comm.rank, comm.world_size, rows)
@@ -96,7 +98,8 @@ def train(comm, mode: str, optimizer: str, dynamic: DynamicSpec | None, steps: i
         order = torch.tensor([rank_of[int(i)] for i in ids], dtype=torch.int64)
         rows_by_id = {"ids": order, "rows": weights}
         state = st
-    stats = coll.stores[0].dynamic_stats.take() if dynamic is not None else {}
+    names = ("held", "slots", "inserts", "evictions", "not_admitted", "dropped")
+    stats = dict(zip(names, coll.dynamic_counts(), strict=True)) if dynamic is not None else {}
     return {"losses": losses, "rows": rows_by_id, "state": state, "stats": stats}
 
 
