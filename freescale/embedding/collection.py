@@ -270,8 +270,10 @@ class ShardedEmbeddingCollection(nn.Module):
         requests = [] if unknown else [self._request(k, features[k]) for k in keys]
         checked = self._inputs_checked and self._use_prefetch
         learns = self._use_prefetch and torch.is_grad_enabled()
+        # a read between steps sees the tables as a synchronous run has them
+        behind = not learns and self.mode.lookahead_mapped()
         return input_dist.start(
-            comm, list(self.stores), keys, requests, unknown, self.device, checked, learns
+            comm, list(self.stores), keys, requests, unknown, self.device, checked, learns, behind
         )
 
     def _check_prefetched(self, prepared: input_dist.PreparedLookup, features: Features) -> None:

@@ -202,6 +202,9 @@ class DynamicMap:
         self.pend_count = torch.zeros(capacity, **i64)
         self.pend_last = torch.full((capacity,), -1, **i64)
         self.calls = torch.zeros(1, **i64)
+        # What the last `commit` changed, with the old values: the map as it was
+        # before a call mapped ahead of its step (`before_last`, `find_before`).
+        self.undo: dict[str, Tensor] | None = None
         self._reindex()
 
     # ---- state ------------------------------------------------------------
@@ -211,7 +214,45 @@ class DynamicMap:
     def load(self, tensors: dict[str, Tensor]) -> None:
         for name, t in tensors.items():
             getattr(self, name).copy_(t)
+        self.undo = None
         self._reindex()
+
+    def before_last(self, undo: bool = True) -> dict[str, Tensor]:
+        """Copies of `tensors` as they were before the last call was mapped
+        (``undo=False``: as they are)."""
+        out = {k: v.clone() for k, v in self.tensors().items()}
+        u = self.undo
+        if u is None or not undo:
+            return out
+        out["last_used"][u["held"]] = u["last_used"]
+        out["uses"][u["held"]] = u["uses"]
+        out["slot_ids"][u["new"]] = u["old_ids"]
+        out["occupied"][u["new"]] = u["old_occupied"]
+        for name in _PENDING:
+            out[name][u["pend"]] = u[name]
+        out["calls"] -= 1
+        return out
+
+    def find_before(self, ids: Tensor) -> Tensor:
+        """`find` as the map was before the last call: ids that call gave a
+        row read -1, ids it evicted read ``-2 - k`` (k: their place in
+        ``evicted_ids``, whose rows the store kept)."""
+        slots = self.find(ids)
+        u = self.undo
+        if u is None:
+            return slots
+        slots = torch.where(torch.isin(slots, u["new"]), -1, slots)
+        evicted = self.evicted_ids()
+        order = torch.argsort(evicted)
+        k = _find((evicted[order], order), ids)
+        return torch.where(k >= 0, -2 - k, slots)
+
+    def evicted_ids(self) -> Tensor:
+        """The ids the last call evicted, in the order of its new slots."""
+        u = self.undo
+        if u is None:
+            return torch.zeros(0, dtype=torch.int64, device=self.device)
+        return u["old_ids"][u["old_occupied"]]
 
     def _reindex(self) -> None:
         """The sorted index of the occupied slots (and of the pending ids)."""
@@ -283,13 +324,24 @@ class DynamicMap:
         assert not result.overflow
         call = int(self.calls)
         c = result._commit
+        held = c["slot_of_uniq"][c["slot_of_uniq"] >= 0]
+        new = result.new_slots
+        self.undo = {
+            "held": held,
+            "last_used": self.last_used[held],
+            "uses": self.uses[held],
+            "new": new,
+            "old_ids": self.slot_ids[new],
+            "old_occupied": self.occupied[new],
+        }  # fmt: skip (advanced indexing copies)
         if result.new_slots.numel():
             self.slot_ids[result.new_slots] = result.new_ids
             self.occupied[result.new_slots] = True
             self.uses[result.new_slots] = 0
-        held = c["slot_of_uniq"][c["slot_of_uniq"] >= 0]
         self.last_used[held] = call
         self.uses[held] += 1
+        self.undo["pend"] = torch.zeros(0, dtype=torch.int64, device=self.device)
+        self.undo.update({n: getattr(self, n)[:0] for n in _PENDING})
         if self.spec.admit_after > 1:
             self._count_waiting(c["waiting"], c["waiting_pos"], c["admitted_pos"], call)
         self.calls += 1
@@ -305,30 +357,38 @@ class DynamicMap:
         held = by_use[self.occupied[by_use]]
         return torch.cat([slots[~self.occupied], held])
 
-    def _count_waiting(self, waiting: Tensor, pos: Tensor, admitted_pos: Tensor, call: int) -> None:
+    def _count_waiting(
+        self, waiting: Tensor, pos: Tensor, admitted_pos: Tensor, call: int
+    ) -> Tensor:
         """One more sighting of each waiting id; admitted ones leave the list;
         a new waiting id takes a free entry, else the least recently seen one
-        not seen in this call (ties by id); if none is left it is not counted."""
-        if admitted_pos.numel():
-            gone = admitted_pos[admitted_pos >= 0]
-            self.pend_seen[gone] = False
-        if not waiting.numel():
-            self._pend_index = _sorted_index(self.pend_ids, self.pend_seen)
-            return
-        known = pos >= 0
-        self.pend_count[pos[known]] += 1
-        self.pend_last[pos[known]] = call
-        fresh = waiting[~known]
+        not seen in this call (ties by id); if none is left it is not counted.
+        Returns the entries it changes, their old values kept in ``undo``."""
+        gone = admitted_pos[admitted_pos >= 0]
+        known = pos[pos >= 0]
+        seen = self.pend_seen.clone()
+        seen[gone] = False
+        last = self.pend_last.clone()
+        last[known] = call
+        fresh = waiting[pos < 0]
         entries = torch.arange(self.capacity, device=self.device)
         by_id = torch.argsort(self.pend_ids, stable=True)
-        by_seen = by_id[torch.argsort(self.pend_last[by_id], stable=True)]
-        reusable = by_seen[self.pend_seen[by_seen] & (self.pend_last[by_seen] < call)]
-        free = torch.cat([entries[~self.pend_seen], reusable])[: fresh.numel()]
+        by_seen = by_id[torch.argsort(last[by_id], stable=True)]
+        reusable = by_seen[seen[by_seen] & (last[by_seen] < call)]
+        free = torch.cat([entries[~seen], reusable])[: fresh.numel()]
         fresh = fresh[: free.numel()]
+        touched = torch.cat([gone, known, free])
+        assert self.undo is not None
+        self.undo["pend"] = touched
+        self.undo.update({n: getattr(self, n)[touched] for n in _PENDING})
+        self.pend_seen[gone] = False
+        self.pend_count[known] += 1
+        self.pend_last[known] = call
         self.pend_ids[free] = fresh
         self.pend_seen[free] = True
         self.pend_count[free] = 1
         self.pend_last[free] = call
+        return touched
 
 
 def _sorted_index(keys: Tensor, present: Tensor) -> tuple[Tensor, Tensor]:

@@ -56,12 +56,14 @@ def start(
     device: torch.device,
     checked: bool = False,
     learns: bool = True,
+    behind: bool = False,
 ) -> PreparedLookup:
     """Phase 1. ``checked``: the caller vouches for the ids and offsets (host
     checks), so the device check is skipped; with one rank nothing is then
     exchanged and the counts are the ids' sizes (no host read at all).
     ``learns``: the call will be trained through (a dynamic table gives its
-    new ids rows; otherwise it only reads)."""
+    new ids rows; otherwise it only reads, ``behind``: as the table was before
+    a call mapped ahead of its step)."""
     by_group: dict[int, list[Request]] = {}
     for q in requests:
         by_group.setdefault(q.group, []).append(q)
@@ -69,7 +71,7 @@ def start(
     groups = sorted(by_group)
     calls = [route(stores[g], by_group[g], w) for g in groups]
     for call in calls:
-        call.comm, call.learns = comm, learns
+        call.comm, call.learns, call.behind = comm, learns, behind
     structural = unknown or any(q.host_status is not None for q in requests)
     if checked and w == 1 and not structural:  # raising those needs the preflight
         for call in calls:

@@ -51,11 +51,12 @@ class GroupCall:
     sorted_recv: tuple[Tensor, Tensor] | None = None  # (recv_slots, sorted): collision links
     comm: Communicator | None = None  # a dynamic table's capacity check runs on it
     learns: bool = True  # a dynamic table inserts and evicts for it (else only reads)
+    behind: bool = False  # a read of a dynamic table as before a call mapped ahead
 
     def receive(self, recv: Tensor) -> None:
         """Take the ids that arrived on this shard: their local slots
         (`ShardStore.receive`: a dynamic table maps them here, once per call)."""
-        self.recv_slots = self.store.receive(recv, self.comm, self.learns)
+        self.recv_slots = self.store.receive(recv, self.comm, self.learns, self.behind)
 
     @property
     def send_counts(self) -> Tensor:

@@ -115,6 +115,11 @@ class Mode:
     def check_load(self) -> None:
         """Raise if loading tables now would leave prefetched rows stale."""
 
+    def lookahead_mapped(self) -> bool:
+        """Whether a prefetched lookup, not yet run, has had its ids received
+        (a dynamic table maps them then: reads and saves look behind it)."""
+        return False
+
 
 class Sync(Mode):
     """Every lookup exchanges its ids when it runs; nothing is prefetched."""
@@ -152,6 +157,9 @@ class SparseDataDist(Mode):
 
     def prefetch_waits_for_gpu(self) -> bool:
         return any(p.pending is not None for p in self._pending)
+
+    def lookahead_mapped(self) -> bool:
+        return any(c.recv_slots is not None for p in self._pending for c in p.calls)
 
 
 class Prioritized(Mode):
@@ -219,6 +227,9 @@ class Prioritized(Mode):
     def collision_stats(self) -> CollisionStats | None:
         self._prio.complete_pending()  # the split of a half-done prefetch
         return self._prio.last_stats
+
+    def lookahead_mapped(self) -> bool:
+        return any(not s.forwarded for s in self._prio.steps)
 
     def check_load(self) -> None:
         if self._prio.steps:

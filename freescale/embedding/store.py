@@ -74,6 +74,7 @@ class ShardStore(nn.Module):
             self.dynamic = DynamicMap(tables[0].dynamic, self.slots, self.device)
             self.dynamic_seed = seed
             self.dynamic_stats = DynamicStats(slots=self.slots)
+            self._evicted: dict[str, Tensor] = {}  # rows the last call evicted (`_map`)
         weight = self._init_weight(seed)
         if placement == "host":
             state = _host_state(optimizer, self.slots, self.dim, self.device)
@@ -131,28 +132,35 @@ class ShardStore(nn.Module):
         return torch.tensor(sorted(slots), dtype=torch.int64, device=device)
 
     # ---- training ------------------------------------------------------------
-    def receive(self, recv: Tensor, comm: Any, learns: bool) -> Tensor:
+    def receive(self, recv: Tensor, comm: Any, learns: bool, behind: bool = False) -> Tensor:
         """The local slots of the ids a lookup call brought this shard: a
         static table's are what arrived; a dynamic table maps its ids (a
         learning call inserts and evicts, `freescale.embedding.dynamic`;
-        another only reads, unknown ids get -1, which reads zeros)."""
+        another only reads, unknown ids get -1, which reads zeros; ``behind``:
+        it reads the table as it was before the last call was mapped, which
+        ran ahead of its step).
+        """
         if self.dynamic is None:
             return recv
         pad = self.tables[0].padding_idx
         if pad is None:
-            return self._map(recv, comm, learns)
+            return self._map(recv, comm, learns, behind)
         keep = recv != pad  # looked up, never given a row: reads zeros
         slots = torch.full_like(recv, -1)
-        slots[keep] = self._map(recv[keep], comm, learns)
+        slots[keep] = self._map(recv[keep], comm, learns, behind)
         return slots
 
-    def _map(self, ids: Tensor, comm: Any, learns: bool) -> Tensor:
+    def _map(self, ids: Tensor, comm: Any, learns: bool, behind: bool) -> Tensor:
         assert self.dynamic is not None
         if not learns:
-            return self.dynamic.find(ids)
+            return self.dynamic.find_before(ids) if behind else self.dynamic.find(ids)
         result = self.dynamic.map(ids)
         check_capacity(self.tables[0], result, comm, self.dynamic)
         self.join_update()
+        # the rows and state of the ids this call evicts: what reads and saves
+        # of the table before this call see (`find_before`, `dynamic_entries`)
+        evicted = result.new_slots[self.dynamic.occupied[result.new_slots]]
+        self._evicted = {n: t[evicted.to(t.device)] for n, t in self._row_tensors().items()}
         self.dynamic.commit(result)
         self._start_rows(result.new_slots, result.new_ids)
         self.dynamic_stats.add(result, self.dynamic.occupancy, self.dynamic.capacity)
@@ -174,12 +182,38 @@ class ShardStore(nn.Module):
         if self.tier is not None:
             self.tier.drop()
 
+    def _row_tensors(self) -> dict[str, Tensor]:
+        return {"weight": self.weight, **self.optimizer_state()}
+
+    def dynamic_entries(self, before: bool) -> dict[str, Tensor]:
+        """A dynamic table's held slots as copies: ``slot``, ``id``,
+        ``last_used``, ``uses``, ``weight`` and the optimizer state per held
+        slot, with the map's other tensors (``pend_*``, ``calls``). ``before``:
+        as they were before the last call was mapped (a call mapped ahead of
+        its step: what a synchronous run holds at this point)."""
+        assert self.dynamic is not None
+        m = self.dynamic.before_last() if before else self.dynamic.before_last(undo=False)
+        slots = m["occupied"].nonzero().squeeze(1)
+        out = {n: t[slots] for n, t in self._row_tensors().items()}
+        if before and self.dynamic.undo is not None:  # evicted slots hold their old rows
+            u = self.dynamic.undo
+            back = torch.searchsorted(slots, u["new"][u["old_occupied"]])
+            for n, t in out.items():
+                t[back] = self._evicted[n].to(t.device)
+        out.update({"slot": slots, "id": m["slot_ids"][slots], "last_used": m["last_used"][slots],
+                    "uses": m["uses"][slots]})  # fmt: skip
+        out.update({k: v for k, v in m.items() if k.startswith("pend_") or k == "calls"})
+        return out
+
     def lookup(self, slots: Tensor) -> Tensor:
         self.join_update()
-        if self.dynamic is not None:  # -1: an id without a row reads zeros
-            held = slots >= 0
+        if self.dynamic is not None:  # -1: no row (zeros); <= -2: a row the last call evicted
             rows = self._gather(slots.clamp(min=0))
-            return torch.where(held.unsqueeze(1), rows, rows.new_zeros(()))
+            old = self._evicted.get("weight")
+            if old is not None and old.shape[0]:  # (no host read: where, not a mask)
+                back = old.to(rows.device)[(-2 - slots).clamp(0, old.shape[0] - 1)]
+                rows = torch.where((slots <= -2).unsqueeze(1), back, rows)
+            return torch.where((slots == -1).unsqueeze(1), rows.new_zeros(()), rows)
         return self._gather(slots)
 
     def _gather(self, slots: Tensor) -> Tensor:

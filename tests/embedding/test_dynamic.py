@@ -79,7 +79,7 @@ def train(comm, mode: str, optimizer: str, dynamic: DynamicSpec | None, steps: i
 
     if coll.mode.prefetches:
         coll.prefetch(features(0))
-    losses = []
+    losses, reads, entries = [], [], []
     for step in range(steps):
         if coll.mode.prefetches and step + 1 < steps:
             coll.prefetch(features(step + 1))
@@ -88,6 +88,12 @@ def train(comm, mode: str, optimizer: str, dynamic: DynamicSpec | None, steps: i
         loss = 0.5 * (out - batch(step, comm.rank, comm.world_size, rows)[1]).pow(2).sum() / SAMPLES
         loss.backward()
         losses.append(loss.item())
+        if dynamic is not None:  # between steps: reads and saves see what sync has
+            coll.flush()
+            with torch.no_grad(), coll.prefetch_disabled():
+                reads.append(coll({"items": raw})["items"])
+            store = coll.stores[0]
+            entries.append(store.dynamic_entries(before=coll.mode.lookahead_mapped()))
     coll.flush()
     if dynamic is None:
         rows_by_id = coll.full_table("items")
@@ -100,7 +106,8 @@ def train(comm, mode: str, optimizer: str, dynamic: DynamicSpec | None, steps: i
         state = st
     names = ("held", "slots", "inserts", "evictions", "not_admitted", "dropped")
     stats = dict(zip(names, coll.dynamic_counts(), strict=True)) if dynamic is not None else {}
-    return {"losses": losses, "rows": rows_by_id, "state": state, "stats": stats}
+    return {"losses": losses, "rows": rows_by_id, "state": state, "stats": stats,
+            "reads": reads, "entries": entries}  # fmt: skip
 
 
 @pytest.mark.parametrize("world", [1, 2, 4])
@@ -131,6 +138,11 @@ def test_below_capacity_every_mode_is_bit_identical(world, evict, admit_after, r
             assert got["losses"] == want["losses"], mode
             assert torch.equal(got["rows"]["ids"], want["rows"]["ids"]), mode
             assert torch.equal(got["rows"]["rows"], want["rows"]["rows"]), mode
+            for step, (a, b) in enumerate(zip(got["reads"], want["reads"], strict=True)):
+                assert torch.equal(a, b), (mode, step)
+            for step, (a, b) in enumerate(zip(got["entries"], want["entries"], strict=True)):
+                for k, v in b.items():
+                    assert torch.equal(a[k], v), (mode, step, k)
 
 
 def test_eviction_takes_the_least_recently_used_never_this_call_or_the_one_before():
