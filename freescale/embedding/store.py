@@ -75,6 +75,7 @@ class ShardStore(nn.Module):
             self.dynamic_seed = seed
             self.dynamic_stats = DynamicStats(slots=self.slots)
             self._evicted: dict[str, Tensor] = {}  # rows the last call evicted (`_map`)
+        self._readable_of: tuple[Tensor, Tensor] | None = None  # (`_readable`)
         weight = self._init_weight(seed)
         if placement == "host":
             state = _host_state(optimizer, self.slots, self.dim, self.device)
@@ -208,13 +209,21 @@ class ShardStore(nn.Module):
     def lookup(self, slots: Tensor) -> Tensor:
         self.join_update()
         if self.dynamic is not None:  # -1: no row (zeros); <= -2: a row the last call evicted
-            rows = self._gather(slots.clamp(min=0))
+            rows = self._gather(self._readable(slots))
             old = self._evicted.get("weight")
             if old is not None and old.shape[0]:  # (no host read: where, not a mask)
                 back = old.to(rows.device)[(-2 - slots).clamp(0, old.shape[0] - 1)]
                 rows = torch.where((slots <= -2).unsqueeze(1), back, rows)
             return torch.where((slots == -1).unsqueeze(1), rows.new_zeros(()), rows)
         return self._gather(slots)
+
+    def _readable(self, slots: Tensor) -> Tensor:
+        """A dynamic table's slots with those of ids without a row (< 0) at
+        slot 0, masked after the read; the same tensor for the same slots, so
+        that a host tier's staged rows (`stage`) are found by `lookup`."""
+        if self._readable_of is None or self._readable_of[0] is not slots:
+            self._readable_of = (slots, slots.clamp(min=0))
+        return self._readable_of[1]
 
     def _gather(self, slots: Tensor) -> Tensor:
         if self.tier is not None:
@@ -231,7 +240,7 @@ class ShardStore(nn.Module):
         gathering them now (`HostTier.stage`); a device store has nothing to do."""
         if self.tier is not None:
             self.join_update()
-            self.tier.stage(self.weight, slots)
+            self.tier.stage(self.weight, slots if self.dynamic is None else self._readable(slots))
 
     def section(self, name: str) -> str:
         """The timer section of ``name`` (lookup, update) for this store's tables:

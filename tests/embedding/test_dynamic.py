@@ -60,9 +60,10 @@ def batch(step: int, rank: int, world: int, rows: int = ROWS) -> tuple[JaggedTen
 
 
 def train(comm, mode: str, optimizer: str, dynamic: DynamicSpec | None, steps: int = STEPS,
-          rows: int = ROWS) -> dict:  # fmt: skip
+          rows: int = ROWS, placement: str = "device") -> dict:  # fmt: skip
     raw = raw_map(rows)
-    table = TableConfig("items", rows, DIM, optimizer=OPTIMIZERS[optimizer](), dynamic=dynamic)
+    table = TableConfig("items", rows, DIM, optimizer=OPTIMIZERS[optimizer](), dynamic=dynamic,
+                        placement=placement)  # fmt: skip
     coll = ShardedEmbeddingCollection(
         [table], comm, ShardingPlan(), device=comm.device, seed=SEED, mode=MODES[mode]()
     )
@@ -143,6 +144,18 @@ def test_below_capacity_every_mode_is_bit_identical(world, evict, admit_after, r
             for step, (a, b) in enumerate(zip(got["entries"], want["entries"], strict=True)):
                 for k, v in b.items():
                     assert torch.equal(a[k], v), (mode, step, k)
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_host_placement_trains_like_device_placement(mode):
+    """(sdd maps a host-tier table's next ids ahead, when it stages their rows)"""
+    spec = DynamicSpec(75, admit_after=2)
+    host, device = (run_threads(train, 2, mode, "adam", spec, 12, 300, p) for p in ("host", "device"))
+    for got, want in zip(host, device, strict=True):
+        assert got["losses"] == want["losses"]
+        assert torch.equal(got["rows"]["rows"], want["rows"]["rows"])
+        for a, b in zip(got["reads"], want["reads"], strict=True):
+            assert torch.equal(a, b)
 
 
 def test_eviction_takes_the_least_recently_used_never_this_call_or_the_one_before():
