@@ -34,6 +34,7 @@ OPTIMIZERS = {
 }
 ROWS, DIM, SAMPLES, STEPS, SEED = 61, 4, 12, 6, 7
 ROOMY = DynamicSpec(ROWS + 3)  # capacity for every id
+PLACEMENTS = ("host", "device")
 
 
 def raw_map(n: int) -> torch.Tensor:
@@ -150,7 +151,7 @@ def test_below_capacity_every_mode_is_bit_identical(world, evict, admit_after, r
 def test_host_placement_trains_like_device_placement(mode):
     """(sdd maps a host-tier table's next ids ahead, when it stages their rows)"""
     spec = DynamicSpec(75, admit_after=2)
-    host, device = (run_threads(train, 2, mode, "adam", spec, 12, 300, p) for p in ("host", "device"))
+    host, device = (run_threads(train, 2, mode, "adam", spec, 12, 300, p) for p in PLACEMENTS)
     for got, want in zip(host, device, strict=True):
         assert got["losses"] == want["losses"]
         assert torch.equal(got["rows"]["rows"], want["rows"]["rows"])
