@@ -190,8 +190,11 @@ class DynamicMap:
     number of calls mapped (a 1-element tensor, so it checkpoints).
     """
 
-    def __init__(self, spec: DynamicSpec, capacity: int, device: torch.device) -> None:
+    def __init__(
+        self, spec: DynamicSpec, capacity: int, device: torch.device, reference: bool = False
+    ) -> None:
         self.spec, self.capacity, self.device = spec, capacity, torch.device(device)
+        self.reference = reference  # sort every slot per call: the fast path's twin
         i64 = {"dtype": torch.int64, "device": self.device}
         self.slot_ids = torch.zeros(capacity, **i64)
         self.occupied = torch.zeros(capacity, dtype=torch.bool, device=self.device)
@@ -205,6 +208,7 @@ class DynamicMap:
         # What the last `commit` changed, with the old values: the map as it was
         # before a call mapped ahead of its step (`before_last`, `find_before`).
         self.undo: dict[str, Tensor] | None = None
+        self._held = 0  # slots holding an id (a host count: no full-table reduction)
         self._reindex()
 
     # ---- state ------------------------------------------------------------
@@ -256,12 +260,13 @@ class DynamicMap:
 
     def _reindex(self) -> None:
         """The sorted index of the occupied slots (and of the pending ids)."""
+        self._held = int(self.occupied.sum())
         self._index = _sorted_index(self.slot_ids, self.occupied)
         self._pend_index = _sorted_index(self.pend_ids, self.pend_seen)
 
     @property
     def occupancy(self) -> int:
-        return int(self.occupied.sum())
+        return self._held
 
     def held(self) -> tuple[Tensor, Tensor]:
         """(ids, slots) of the occupied slots, by id."""
@@ -292,12 +297,8 @@ class DynamicMap:
         in_call = torch.zeros(self.capacity, dtype=torch.bool, device=self.device)
         in_call[found[~missing]] = True
         before = self.occupied & (self.last_used == call - 1) & ~in_call
-        usable = ~self.occupied | ~(in_call | before)
-        order = self._eviction_order()
-        candidates = order[usable[order]]
         n_new = admitted.numel()
-        overflow = n_new > candidates.numel()
-        chosen = candidates[:n_new]
+        chosen, overflow = self._choose(n_new, self.occupied & ~(in_call | before))
         slot_of_uniq = found.clone()
         if not overflow and n_new:
             slot_of_uniq[missing.nonzero().squeeze(1)[admit]] = chosen
@@ -334,6 +335,7 @@ class DynamicMap:
             "old_ids": self.slot_ids[new],
             "old_occupied": self.occupied[new],
         }  # fmt: skip (advanced indexing copies)
+        self._held += result.new_slots.numel() - result.evicted
         if result.new_slots.numel():
             self.slot_ids[result.new_slots] = result.new_ids
             self.occupied[result.new_slots] = True
@@ -345,7 +347,30 @@ class DynamicMap:
         if self.spec.admit_after > 1:
             self._count_waiting(c["waiting"], c["waiting_pos"], c["admitted_pos"], call)
         self.calls += 1
-        self._reindex()
+        if self.reference:
+            self._reindex()
+        else:
+            self._index = _index_replace(self._index, self.capacity, new, result.new_ids)
+
+    def _choose(self, n: int, evictable: Tensor) -> tuple[Tensor, bool]:
+        """The slots of ``n`` new ids (free slots by slot number, then the
+        evictable ids by (last use or use count, id)) and whether they overflow.
+        Selects in O(slots); the reference twin sorts every slot."""
+        if self.reference:
+            order = self._eviction_order()
+            candidates = order[(~self.occupied | evictable)[order]]
+            return candidates[:n], n > candidates.numel()
+        free = (~self.occupied).nonzero().squeeze(1) if self._held < self.capacity else None
+        free = free if free is not None else self.slot_ids.new_zeros(0)
+        if n <= free.numel():
+            return free[:n], False
+        k = n - free.numel()
+        if k > int(evictable.sum()):
+            return free[:0], True
+        primary = self.last_used if self.spec.evict == "lru" else self.uses
+        picked = _k_smallest(primary, self.slot_ids, evictable, k)
+        by_id = picked[torch.argsort(self.slot_ids[picked], stable=True)]
+        return torch.cat([free, by_id[torch.argsort(primary[by_id], stable=True)]]), False
 
     def _eviction_order(self) -> Tensor:
         """Every slot, in the order they are given to new ids: free slots by
@@ -388,7 +413,49 @@ class DynamicMap:
         self.pend_seen[free] = True
         self.pend_count[free] = 1
         self.pend_last[free] = call
+        if not self.reference:
+            self._pend_index = _index_replace(self._pend_index, self.capacity, free, fresh, gone)
         return touched
+
+
+def _k_smallest(key: Tensor, ids: Tensor, among: Tensor, k: int) -> Tensor:
+    """Positions of the ``k`` smallest (key, id) of the positions ``among``
+    (keys >= -1: call numbers or use counts), in no order: one histogram of
+    the keys finds the threshold key, then the ties at it go by id."""
+    values = key[among] + 1
+    counts = torch.bincount(values).cumsum(0)
+    threshold = int(torch.searchsorted(counts, k))  # the k-th smallest key (+1)
+    below = (among & (key < threshold - 1)).nonzero().squeeze(1)
+    tied = (among & (key == threshold - 1)).nonzero().squeeze(1)
+    ties = tied[torch.topk(ids[tied], k - below.numel(), largest=False).indices]
+    return torch.cat([below, ties])
+
+
+def _index_replace(
+    index: tuple[Tensor, Tensor], size: int, positions: Tensor, keys: Tensor,
+    removed: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """``index`` with whatever ``positions`` (and ``removed``) held taken out
+    and ``keys`` (sorted, absent from it) put in at ``positions``: a merge in
+    O(index), no sort of the index."""
+    held, at = index
+    if not positions.numel() and (removed is None or not removed.numel()):
+        return index
+    gone = torch.zeros(size, dtype=torch.bool, device=at.device)
+    gone[positions] = True
+    if removed is not None:
+        gone[removed] = True
+    keep = ~gone[at]
+    held, at = held[keep], at[keep]
+    n = held.numel() + keys.numel()
+    dest = torch.searchsorted(held, keys) + torch.arange(keys.numel(), device=at.device)
+    old_place = torch.ones(n, dtype=torch.bool, device=at.device)
+    old_place[dest] = False
+    old_dest = old_place.nonzero().squeeze(1)  # the old entries keep their order
+    out_keys, out_at = held.new_empty(n), at.new_empty(n)
+    out_keys[dest], out_at[dest] = keys, positions
+    out_keys[old_dest], out_at[old_dest] = held, at
+    return out_keys, out_at
 
 
 def _sorted_index(keys: Tensor, present: Tensor) -> tuple[Tensor, Tensor]:

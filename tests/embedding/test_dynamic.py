@@ -218,3 +218,29 @@ def test_bad_settings_are_one_line(bad):
     with pytest.raises(ValueError) as e:
         DynamicSpec(**bad)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(("evict", "admit_after"), [("lru", 1), ("lfu", 1), ("lru", 3)])
+def test_the_fast_map_decides_as_its_sorting_twin(evict, admit_after):
+    """Random calls, skewed ids, a full map most of the time, a few overflows."""
+    slots, spread, drift = (64, 400, 30) if admit_after == 1 else (24, 100, 5)
+    spec = DynamicSpec(slots, evict=evict, admit_after=admit_after)
+    fast, ref = (DynamicMap(spec, slots, torch.device("cpu"), reference=r) for r in (False, True))
+    g = torch.Generator().manual_seed(5)
+    overflows = evictions = 0
+    for call in range(200):
+        n = int(torch.randint(0, 70, (), generator=g))
+        ids = (torch.rand(n, generator=g) ** 3 * spread).long() - 200 + (call % 7) * drift
+        a, b = fast.map(ids), ref.map(ids)
+        assert a.overflow == b.overflow and a.needed == b.needed, call
+        assert torch.equal(a.slots, b.slots) and torch.equal(a.new_slots, b.new_slots), call
+        overflows += a.overflow
+        evictions += a.evicted
+        if not a.overflow:
+            fast.commit(a)
+            ref.commit(b)
+        for k, v in ref.tensors().items():
+            assert torch.equal(fast.tensors()[k], v), (call, k)
+        assert all(torch.equal(x, y) for x, y in zip(fast.held(), ref.held(), strict=True))
+    assert evictions > 50 and overflows < 100
+    assert overflows > 0 or admit_after > 1
