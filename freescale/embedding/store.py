@@ -125,7 +125,7 @@ class ShardStore(nn.Module):
     def _padding_slots(self, device: torch.device) -> Tensor:
         slots = []
         for t, start, s in zip(self.tables, self.starts, self.shardings, strict=True):
-            if t.padding_idx is None:
+            if t.padding_idx is None or t.dynamic is not None:  # (dynamic: `receive`)
                 continue
             owner, slot = s.locate(torch.tensor([t.padding_idx]))
             if int(owner) == self.rank:

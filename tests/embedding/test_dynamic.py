@@ -22,6 +22,7 @@ from freescale.embedding import (
     SparseDataDist,
     Sync,
     TableConfig,
+    swap,
 )
 from freescale.embedding.dynamic import DynamicMap, DynamicSpec, initial_rows, table_seed
 from freescale.jagged import JaggedTensor
@@ -244,3 +245,25 @@ def test_the_fast_map_decides_as_its_sorting_twin(evict, admit_after):
         assert all(torch.equal(x, y) for x, y in zip(fast.held(), ref.held(), strict=True))
     assert evictions > 50 and overflows < 100
     assert overflows > 0 or admit_after > 1
+
+
+def _padded(comm) -> tuple:
+    model = torch.nn.Sequential(torch.nn.Embedding(10, DIM, padding_idx=0))
+    model.sharded_modules = ("0",)
+    plan = ShardingPlan(table_dynamics={"0": DynamicSpec(16)})
+    coll = swap(model, plan, comm)
+    ids = torch.tensor([[0, 5, 2**40], [0, 0, 7]])
+    out = model(ids)
+    out.sum().backward()
+    held, _, _ = coll.dynamic_rows("0")
+    with torch.no_grad():
+        again = model(ids)
+    return out.detach(), held, again
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_a_padding_id_reads_zeros_and_never_gets_a_row(world):
+    for out, held, again in run_threads(_padded, world):
+        assert torch.equal(out[:, 0], torch.zeros(2, DIM)) and torch.equal(again[1, :2], out[1, :2])
+        assert sorted(held.tolist()) == [5, 7, 2**40]
+        assert not torch.equal(again[0, 1], out[0, 1])  # id 5 was updated
