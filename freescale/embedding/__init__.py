@@ -1,6 +1,7 @@
 """Row-wise sharded embeddings (layer 2): the synchronous ("vanilla TorchRec") baseline.
 
-- `TableConfig`, `ShardingPlan`: what to shard and how (`freescale.embedding.config`).
+- `TableConfig`, `ShardingPlan`: what to shard and how (`freescale.embedding.config`);
+  `DynamicSpec`: a dynamic table, any int64 id in bounded rows (`freescale.embedding.dynamic`).
 - `ShardedEmbeddingCollection`: sharded lookup with the optimizer update fused
   into backward, in the mode given at construction (`freescale.embedding.modes`):
   `Sync`, `SparseDataDist` (prefetch) or `Prioritized` (paper Algorithm 2).
@@ -13,6 +14,7 @@
 
 from freescale.embedding.collection import ShardedEmbeddingCollection
 from freescale.embedding.config import ShardingPlan, TableConfig
+from freescale.embedding.dynamic import DynamicSpec
 from freescale.embedding.modes import Mode, Prioritized, SparseDataDist, Sync
 from freescale.embedding.optim import SGD, Adam, OptimizerConfig, RowwiseAdagrad
 from freescale.embedding.scaling import global_count
@@ -23,6 +25,7 @@ from freescale.kernels.shard import RowSharding
 __all__ = [
     "SGD",
     "Adam",
+    "DynamicSpec",
     "Mode",
     "OptimizerConfig",
     "Prioritized",

@@ -30,7 +30,8 @@ from torch import Tensor, nn
 
 from freescale.embedding._ops import sum_duplicates
 from freescale.embedding.config import Placement, TableConfig
-from freescale.embedding.dynamic import DynamicMap, DynamicStats, check_capacity, initial_rows
+from freescale.embedding.dynamic import DynamicStats, check_capacity, initial_rows
+from freescale.embedding.dynamic_map import DynamicMap
 from freescale.embedding.host_tier import HostTier, host_tensor
 from freescale.embedding.optim import OptimizerConfig, Scalar, apply_rows, make_state
 from freescale.jagged.ops import copy_to_host, host_to_device, side_stream, wait_for_copy
