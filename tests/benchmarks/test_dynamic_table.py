@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from benchmarks import dynamic_table
@@ -54,6 +55,7 @@ def test_the_flat_run_streams_ten_times_capacity_distinct_ids():
     assert row["flat_ok"] is True
 
 
+@pytest.mark.slow  # its flat run is a child process (seconds); test_smoke runs it too
 def test_the_smoke_scenario_reports_every_case_and_the_flat_check(tmp_path):
     s = load("dynamic-table").smoked()
     result = dynamic_table.measure(s, Ctx(out=tmp_path / "r", raw=tmp_path, smoke=True))
