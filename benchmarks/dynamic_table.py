@@ -16,10 +16,12 @@ step. Cases alternate over ``reps`` runs; each number is the median.
 - ``cpu_ms``: the process's CPU time per step (all threads): with one thread,
   what a step costs without the waits for a core on a loaded machine.
 - ``peak_mb``: the most memory the case held above what the process held before
-  its table was built. CPU: the RSS high-water mark (``VmHWM``, reset through
-  ``/proc/self/clear_refs``) minus the RSS then; torch's CPU tensors are
-  malloc'ed and written, so they are resident. CUDA: ``max_memory_allocated``.
-- Flat (``params.flat``, in a child process: `flat_in_child`): ``passes`` x
+  its table was built, measured apart: one run of each case in a child process
+  under ``MEMORY_ENV`` (`in_child`). CPU: the RSS high-water mark (``VmHWM``,
+  reset through ``/proc/self/clear_refs``) minus the RSS then; torch's CPU
+  tensors are malloc'ed and written, so they are resident, and under
+  ``MEMORY_ENV`` freed ones leave. CUDA: ``max_memory_allocated``.
+- Flat (``params.flat``, in such a child too): ``passes`` x
   ``capacity`` distinct ids streamed through a dynamic table of ``capacity`` rows
   (``new_per_step`` fresh ids a step beside draws from ``hot`` recurring ones);
   ``flat_ok`` when no later pass peaks above ``flat_ratio`` x the first pass's
@@ -47,6 +49,7 @@ import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import torch
 
@@ -72,8 +75,8 @@ FLAT_COLUMNS = ["distinct_ids", "capacity", "steps", "evictions", "held_mb_first
                 "held_mb_last_pass", "peak_mb_first_pass", "peak_mb_last_pass", "peak_mb_passes",
                 "flat_ok"]  # fmt: skip
 # glibc: every allocation of 128 KiB or more mapped, and unmapped when freed (no
-# dynamic threshold), so the flat run's RSS is its live memory, not free heap pages
-FLAT_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072"}
+# dynamic threshold), so a memory run's RSS is its live memory, not free heap pages
+MEMORY_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072"}
 ROOT = Path(__file__).resolve().parent.parent
 STATUS = Path("/proc/self/status")
 
@@ -266,7 +269,9 @@ def measure(s: Scenario, ctx: Ctx) -> Result:
     torch.set_num_threads(args.cpu_threads or threads)
     try:
         rows = run_cases(args, device)
-        flat = flat_in_child(args, device)
+        for row, peak in zip(rows, in_child("peaks", args, device), strict=True):
+            row["peak_mb"] = peak
+        flat = in_child("flat", args, device)
         sections = [*table(rows, COLUMNS), "", *notes(args, device), "", "## Memory flat", "",
                     *table([flat], FLAT_COLUMNS)]  # fmt: skip
     finally:
@@ -274,17 +279,26 @@ def measure(s: Scenario, ctx: Ctx) -> Result:
     return Result([*rows, flat], sections)
 
 
-def flat_in_child(args, device: torch.device) -> dict:
-    """`run_flat` in a fresh process under ``FLAT_ENV``: in this one the heap's free
-    but resident pages moved the peak 100-125 MB from pass to pass (one table, 69 MB
-    with ``FLAT_ENV``, within 0.5 MB), which would hide a map that grew."""
+def in_child(what: str, args, device: torch.device) -> Any:
+    """`child` in a fresh process under ``MEMORY_ENV``: in this one the heap's free
+    but resident pages moved the flat run's pass peaks between 100 and 125 MB (one
+    table; 69 MB within 0.5 MB under it), which would hide a map that grew."""
     spec = json.dumps({**vars(args), "device": device.type})
-    cmd = [sys.executable, "-m", "benchmarks.dynamic_table", spec]
-    env = {**os.environ, **FLAT_ENV}
+    cmd = [sys.executable, "-m", "benchmarks.dynamic_table", what, spec]
+    env = {**os.environ, **MEMORY_ENV}
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
     if done.returncode:
-        raise RuntimeError(f"the flat run failed: {done.stderr[-3000:]}")
+        raise RuntimeError(f"the {what} run failed: {done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def child(what: str, args, device: torch.device) -> Any:
+    """``flat``: `run_flat`'s row; ``peaks``: each case's peak_mb, one run of each."""
+    comm = FakeCommunicator(FakeWorld(1), 0, device)
+    if what == "flat":
+        return run_flat(args, comm, device)
+    steps = zipf_steps(args, device)
+    return [run_case(args, comm, device, c, steps)["peak_mb"] for c in args.cases]
 
 
 def run_cases(args, device: torch.device) -> list[dict]:
@@ -315,16 +329,16 @@ def notes(args, device: torch.device) -> list[str]:
         f" median of {args.reps} alternating runs; {os.cpu_count()} CPUs, torch intra-op threads"
         f" {torch.get_num_threads()}, load average at the end {os.getloadavg()[0]:.1f}.",
         "",
-        f"Peak memory: {peak}; on the CPU it includes the heap's free but resident pages"
-        " (glibc), so it moves by some 10 % between runs; held_mb: the bytes of the table's"
-        " tensors (rows, optimizer state, map), exact. The flat run: a child process with"
-        f" {' '.join(f'{k}={v}' for k, v in FLAT_ENV.items())} (RSS = live memory).",
+        f"Peak memory: {peak}, one run of each case in a child process with"
+        f" {' '.join(f'{k}={v}' for k, v in MEMORY_ENV.items())} (its RSS is the live memory,"
+        " not the heap's free pages), as the flat run; held_mb: the bytes of the table's"
+        " tensors (rows, optimizer state, map).",
         "map_ms: the ids_a2a timer section, at one rank the dynamic id -> slot map alone.",
     ]
 
 
-if __name__ == "__main__":  # the flat run's child (`flat_in_child`)
-    spec = SimpleNamespace(**json.loads(sys.argv[1]))
+if __name__ == "__main__":  # `in_child`
+    spec = SimpleNamespace(**json.loads(sys.argv[2]))
     dev = torch.device(spec.device)
     torch.set_num_threads(spec.cpu_threads or torch.get_num_threads())
-    print(json.dumps(run_flat(spec, FakeCommunicator(FakeWorld(1), 0, dev), dev)))
+    print(json.dumps(child(sys.argv[1], spec, dev)))
