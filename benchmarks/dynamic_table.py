@@ -37,8 +37,6 @@ step. Cases alternate over ``reps`` runs; each number is the median.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import gc
 import json
 import math
@@ -88,7 +86,6 @@ class Memory:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         gc.collect()
-        _trim()
         self.base = self.now()
 
     def now(self) -> int:
@@ -101,7 +98,6 @@ class Memory:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         else:
-            _trim()
             Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
 
     def peak_mb(self) -> float:
@@ -110,14 +106,6 @@ class Memory:
         else:
             peak = _status_kb("VmHWM") * 1024
         return (peak - self.base) / 2**20
-
-
-def _trim() -> None:
-    """Hand freed heap pages back (glibc), so a window starts from live memory: glibc
-    raises its mmap threshold after a large free, and the next case's tensors would
-    reuse the last one's resident pages unseen."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def _status_kb(key: str) -> int:
@@ -243,12 +231,6 @@ def run_flat(args, comm, device: torch.device) -> dict:
 
 
 # ---- the scenario ------------------------------------------------------------------
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    return torch.device(name)
-
-
 def median_rows(runs: list[list[dict]]) -> list[dict]:
     """Per case, every number as the median over the reps."""
     out = []
@@ -264,7 +246,8 @@ def median_rows(runs: list[list[dict]]) -> list[dict]:
 def measure(s: Scenario, ctx: Ctx) -> Result:
     args = SimpleNamespace(**{**DEFAULTS, **s.params})
     args.flat = {**DEFAULTS["flat"], **args.flat}
-    device = pick_device("cpu" if ctx.smoke else args.device)
+    auto = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device("cpu" if ctx.smoke else auto if args.device == "auto" else args.device)
     threads = torch.get_num_threads()
     torch.set_num_threads(args.cpu_threads or threads)
     try:
