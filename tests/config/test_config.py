@@ -285,4 +285,7 @@ def test_every_key_of_the_readme_and_docs_builds_a_config(override):
     extra += ["output.dir=runs/x"] if override.startswith("output.tensorboard") else []
     # the example model's option, shown with its factory
     extra += ["model=examples.categories:build"] if override.startswith("model.category") else []
+    # a dynamic table's keys, shown beside its capacity
+    table, _, key = override.split("=")[0].rpartition(".")
+    extra += [f"{table}.capacity=1000"] if key in ("evict", "admit_after") else []
     build_config("demo", [*extra, override])
