@@ -227,8 +227,21 @@ class DynamicMap:
             return free[:0], True
         primary = self.last_used if self.spec.evict == "lru" else self.uses
         picked = _k_smallest(primary, self.slot_ids, evictable, k)
-        by_id = picked[torch.argsort(self.slot_ids[picked], stable=True)]
-        return torch.cat([free, by_id[torch.argsort(primary[by_id], stable=True)]]), False
+        return torch.cat([free, _ordered(picked, primary, self.slot_ids)]), False
+
+    def _entries_for(self, n: int, seen: Tensor, last: Tensor, call: int) -> Tensor:
+        """Up to ``n`` entries of the waiting list for new ids: free ones by
+        position, then those not seen in this call by (last seen, id)."""
+        free = (~seen).nonzero().squeeze(1)
+        reusable = seen & (last < call)
+        if self.reference:
+            everyone = torch.arange(self.capacity, device=self.device)
+            return torch.cat([free, _ordered(everyone[reusable], last, self.pend_ids)])[:n]
+        if n <= free.numel():
+            return free[:n]
+        k = min(n - free.numel(), int(reusable.sum()))
+        picked = _k_smallest(last, self.pend_ids, reusable, k) if k else free[:0]
+        return torch.cat([free, _ordered(picked, last, self.pend_ids)])
 
     def _eviction_order(self) -> Tensor:
         """Every slot, in the order they are given to new ids: free slots by
@@ -254,11 +267,7 @@ class DynamicMap:
         last = self.pend_last.clone()
         last[known] = call
         fresh = waiting[pos < 0]
-        entries = torch.arange(self.capacity, device=self.device)
-        by_id = torch.argsort(self.pend_ids, stable=True)
-        by_seen = by_id[torch.argsort(last[by_id], stable=True)]
-        reusable = by_seen[seen[by_seen] & (last[by_seen] < call)]
-        free = torch.cat([entries[~seen], reusable])[: fresh.numel()]
+        free = self._entries_for(fresh.numel(), seen, last, call)
         fresh = fresh[: free.numel()]
         touched = torch.cat([gone, known, free])
         assert self.undo is not None
@@ -274,6 +283,12 @@ class DynamicMap:
         if not self.reference:
             self._pend_index = _index_replace(self._pend_index, self.capacity, free, fresh, gone)
         return touched
+
+
+def _ordered(picked: Tensor, key: Tensor, ids: Tensor) -> Tensor:
+    """``picked`` positions by (key, id)."""
+    by_id = picked[torch.argsort(ids[picked], stable=True)]
+    return by_id[torch.argsort(key[by_id], stable=True)]
 
 
 def _k_smallest(key: Tensor, ids: Tensor, among: Tensor, k: int) -> Tensor:
