@@ -79,6 +79,29 @@ class DynamicMap:
         self.undo = None
         self._reindex()
 
+    def install(self, held: dict[str, Tensor], pending: dict[str, Tensor], calls: int) -> Tensor:
+        """Replace the map by entries of another layout (a checkpoint of another
+        world size or capacity): ``held`` (``slot_ids``, ``last_used``, ``uses``:
+        distinct ids, any order) and ``pending`` (``pend_ids``, ``pend_count``,
+        ``pend_last``), the counter at ``calls``. More ids than slots: those the
+        map would evict first are dropped (least recently or frequently used,
+        then the smaller id, as `_choose`); more pending ids than entries: the
+        least recently seen (then by id). Kept ones take slots (entries)
+        ``0, 1, ...`` in id order. Returns the positions in ``held`` of the kept
+        ids, in slot order."""
+        primary = held["last_used"] if self.spec.evict == "lru" else held["uses"]
+        keep = _last_in_order(primary, held["slot_ids"], self.capacity)
+        waiting = _last_in_order(pending["pend_last"], pending["pend_ids"], self.capacity)
+        fresh = DynamicMap(self.spec, self.capacity, self.device)
+        for names, src, at in ((_STATE, held, keep), (_PENDING, pending, waiting)):
+            n = at.numel()
+            getattr(fresh, names[1])[:n] = True  # occupied / pend_seen
+            for name in (names[0], *names[2:]):
+                getattr(fresh, name)[:n] = src[name][at].to(self.device)
+        fresh.calls.fill_(calls)
+        self.load(fresh.tensors())
+        return keep
+
     def before_last(self, undo: bool = True) -> dict[str, Tensor]:
         """Copies of `tensors` as they were before the last call was mapped
         (``undo=False``: as they are)."""
@@ -329,6 +352,13 @@ def _index_replace(
     out_keys[dest], out_at[dest] = keys, positions
     out_keys[old_dest], out_at[old_dest] = held, at
     return out_keys, out_at
+
+
+def _last_in_order(primary: Tensor, ids: Tensor, n: int) -> Tensor:
+    """Positions of the last ``n`` entries by (``primary``, id), returned in id order."""
+    order = _ordered(torch.arange(ids.numel(), device=ids.device), primary, ids)
+    kept = order[max(0, order.numel() - n) :]
+    return kept[torch.argsort(ids[kept])]
 
 
 def _sorted_index(keys: Tensor, present: Tensor) -> tuple[Tensor, Tensor]:
