@@ -5,7 +5,8 @@ A checkpoint taken after step ``n - 1`` is a directory ``step-<n>`` holding
 - ``tables/``: the sharded tables and their optimizer state, through
   ``torch.distributed.checkpoint`` as `freescale.embedding.TableEntries`:
   each table a ``DTensor`` of contiguous row chunks, each rank writing its
-  chunk, so any world size can read them (DCP reshards);
+  chunk, so any world size can read them (DCP reshards); a dynamic table's
+  rows by id with its map (`freescale.embedding.state.dynamic_entries`);
 - ``trainer.pt`` (rank 0): dense weights, the dense optimizer, the balancer's
   state (cost model, AutoTune), with ``evaluation.keep_best`` the best
   evaluation (`freescale.state.best`: metric, value, step, evaluations

@@ -10,6 +10,8 @@ Two forms of the same state:
   ``Shard(0)`` of contiguous row chunks (`freescale.embedding.state.state_dict`,
   the entries a swapped model's ``state_dict()`` holds). DCP reshards these:
   saved at W ranks, they load at any W' (the trainer's checkpoints use them);
+  a dynamic table's rows are keyed by id, its map beside them
+  (`freescale.embedding.state.dynamic_entries`);
   `WeightCopies`: the same weight entries of copies of the rows.
 
 DCP writes replicated tensors of a whole model once. Loading runs no code
@@ -30,6 +32,7 @@ from torch import Tensor, nn
 from freescale.comm import Communicator, TorchCommunicator
 from freescale.embedding.collection import ShardedEmbeddingCollection
 from freescale.embedding.state.dcp_safe import SafeReader, read_metadata
+from freescale.embedding.state.dynamic_entries import resized_as_saved
 from freescale.embedding.state.state_dict import (
     load_copies,
     load_tables,
@@ -100,17 +103,23 @@ def load(module: nn.Module, path: str | os.PathLike, process_group: Any = None) 
     Raises ValueError (on every rank: all read the same metadata) when the
     checkpoint holds state the module has no place for, e.g. Adagrad's
     ``sum_sq`` loaded into an SGD collection: dropping it silently would
-    change the training that follows. A file that could run code on load
-    is refused the same way (`freescale.embedding.state.dcp_safe`).
+    change the training that follows; likewise when it lacks state the
+    module has (e.g. a static table saved, a dynamic one loading). A file
+    that could run code on load is refused the same way
+    (`freescale.embedding.state.dcp_safe`). A dynamic table's entries load
+    at the row count they were saved with (`resized_as_saved`).
     """
     saved = read_metadata(path).state_dict_metadata
     state = module.state_dict()
-    extra = sorted({_unranked(k) for k in saved} - {_unranked(k) for k in state})
-    if extra:
-        raise ValueError(
-            f"checkpoint {os.fspath(path)!r} holds state this module lacks: {', '.join(extra)}"
-            " (saved with another optimizer or other tables?)"
-        )
+    theirs, ours = {_unranked(k) for k in saved}, {_unranked(k) for k in state}
+    for what, names in (("holds state this module lacks", theirs - ours),
+                        ("lacks state this module has", ours - theirs)):  # fmt: skip
+        if names:
+            raise ValueError(
+                f"checkpoint {os.fspath(path)!r} {what}: {', '.join(sorted(names))}"
+                " (saved with another optimizer or other tables?)"
+            )
+    resized_as_saved(state, saved)  # a dynamic table's rows: as many as were saved
     dcp.load(state, storage_reader=SafeReader(path), process_group=process_group)
     module.load_state_dict(state)
 

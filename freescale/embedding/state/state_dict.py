@@ -20,6 +20,8 @@ RuntimeError within seconds instead of a hang until the group's timeout.
 Keys, under a swapped module's path: ``<table>.weight``,
 ``<table>.optimizer.<state>`` (e.g. Adagrad's ``sum_sq``) and
 ``<table>.optimizer.step`` (updates received; drives lr hooks and Adam).
+A dynamic table's rows are keyed by id instead, its map beside them
+(`freescale.embedding.state.dynamic_entries`).
 `save_copies` / `load_copies` write and read the same ``<table>.weight``
 entries for copies of the stores' rows, kept apart from the live tables.
 """
@@ -36,6 +38,7 @@ from torch import Tensor
 
 from freescale.comm import Communicator
 from freescale.embedding.rank_agreement import agree
+from freescale.embedding.state.dynamic_entries import load_dynamic, save_dynamic
 from freescale.kernels.shard import RowSharding
 
 if TYPE_CHECKING:
@@ -167,6 +170,12 @@ def save_tables(
     for local_name, name in tables.items():
         base = prefix + (local_name + "." if local_name else "")
         store, t = collection._locate(name)
+        step = torch.tensor(collection.step_of(name))
+        if store.dynamic is not None:  # rows keyed by id, the map beside them
+            before = collection.mode.lookahead_mapped()  # as a synchronous run has it
+            save_dynamic(store, base, destination, weights, comm, _process_group(comm), before)
+            destination[base + "optimizer.step"] = step
+            continue
         sharding = store.shardings[t]
 
         def gather(x: Tensor, name: str = name) -> Tensor:
@@ -176,7 +185,7 @@ def save_tables(
         for key, tensor in named.items():
             local = store.table_slice(t, tensor).detach()
             destination[base + key] = _as_global(sharding, comm, local, gather)
-        destination[base + "optimizer.step"] = torch.tensor(collection.step_of(name))
+        destination[base + "optimizer.step"] = step
 
 
 def load_tables(
@@ -207,8 +216,13 @@ def load_tables(
     for local_name, name in tables.items():
         base = prefix + (local_name + "." if local_name else "")
         store, t = collection._locate(name)
-        named = _named(store, weights)
-        ours.update(base + k for k in [*named, "optimizer.step"])
+        ours.add(base + "optimizer.step")
+        if store.dynamic is not None:
+            ours |= load_dynamic(store, base, state_dict, weights, comm, missing_keys, error_msgs)
+            named = {}
+        else:
+            named = _named(store, weights)
+            ours.update(base + k for k in named)
         for key, target in named.items():
             if base + key not in state_dict:
                 missing_keys.append(base + key)
