@@ -64,6 +64,12 @@ class TrainConfig:
             )
         if self.evaluation.every_epochs and not self.run.epochs:
             raise ValueError("evaluation.every_epochs needs run.epochs (file data)")
+        dynamic = sorted(self.embeddings.dynamics())
+        if self.evaluation.keep_best and dynamic:  # its copy holds rows, not which id has each
+            raise ValueError(
+                f"evaluation.keep_best does not keep dynamic tables yet: set "
+                f"embeddings.tables.{dynamic[0]}.capacity=0 or evaluation.keep_best=''"
+            )
         if not self.run.epochs:  # else once the data gives the steps (`setup.resolve_epochs`)
             self.check_warmups(self.run.steps)
 

@@ -7,6 +7,12 @@ its owners and lays it under the key the *plain* module has
 of a TorchRec ``EmbeddingCollection``), beside the dense weights, so that
 ``plain_model.load_state_dict(state)`` loads it into the model the factory
 builds. A collective: every rank calls it; rank 0 gets the dict.
+
+A dynamic table (`freescale.embedding.dynamic`) has no row order: under the
+same key it gives the rows of the ids it holds, by id, with ``<path>.ids``
+(int64, ascending) and ``<path>.optimizer.<state>`` (each id's optimizer
+state) beside it (``<path>`` the key without its ``weight``); a plain
+``nn.Embedding`` does not load them as they are.
 """
 
 from __future__ import annotations
@@ -39,7 +45,15 @@ def full_state_dict(
 ) -> dict[str, Tensor] | None:
     """The plain model's state dict on rank 0 (None on the others), on the CPU."""
     rank = dist.get_rank() if dist.is_initialized() else 0
-    tables = {key: collection.full_table(t) for key, t in plain_table_keys(swapped).items()}
+    tables: dict[str, Tensor] = {}
+    for key, t in plain_table_keys(swapped).items():
+        if collection.tables[t].dynamic is None:
+            tables[key] = collection.full_table(t)
+            continue
+        ids, rows, state = collection.dynamic_rows(t)
+        head = key.removesuffix("weight")
+        tables.update({key: rows, f"{head}ids": ids})
+        tables.update({f"{head}optimizer.{k}": v for k, v in state.items()})
     if rank != 0:
         return None
     with collection.tables_left_out():
