@@ -19,7 +19,7 @@ with the same one line (docs/security.md).
 from __future__ import annotations
 
 import warnings
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -203,15 +203,21 @@ def plain_state(
     missing = sorted(set(keys) - set(saved))
     if missing:
         raise ValueError(f"export: {checkpoint} holds no table {', '.join(missing)}")
+    tables = _read_entries(rows, saved, keys)
+    dense = trainer["best"]["dense"] if best else trainer["model"]
+    return {**dense, **{keys[k]: t for k, t in tables.items()}}
+
+
+def _read_entries(rows: Path, saved: dict[str, Any], entries: Iterable[str]) -> dict[str, Tensor]:
+    """Whole tensors of ``entries`` of the DCP directory ``rows`` (index ``saved``)."""
     tables = {}
-    for entry in keys:
+    for entry in entries:
         meta = saved[entry]
         tables[entry] = torch.empty(meta.size, dtype=meta.properties.dtype)
     with warnings.catch_warnings():  # "no process group: loading in one process", as meant
         warnings.simplefilter("ignore", UserWarning)
         torch.distributed.checkpoint.load(tables, storage_reader=SafeReader(rows), no_dist=True)
-    dense = trainer["best"]["dense"] if best else trainer["model"]
-    return {**dense, **{keys[k]: t for k, t in tables.items()}}
+    return tables
 
 
 def dynamic_paths(config: TrainConfig, model: nn.Module) -> list[str]:
@@ -233,23 +239,34 @@ def dynamic_paths(config: TrainConfig, model: nn.Module) -> list[str]:
     return paths
 
 
+# A dynamic table's entries under ``<table>.``: every slot's row, the id each
+# slot holds and whether it holds one (all ranks' slots, one after another).
+BY_ID = ("weight", "dynamic.slot_ids", "dynamic.occupied")
+
+
 def dynamic_table_of(checkpoint: Path, weights: str, table: str) -> IdRows:
     """(ids sorted ascending, int64 [n]; rows [n, dim]) of dynamic table
     ``table`` in ``checkpoint``, the latest or (``weights="best"``) the best
     evaluation's: the ids held over every rank and each one's row, as
     ``collection.dynamic_rows(table)`` gives them in the run.
 
-    The join with the checkpoint's format: a dynamic table is written today as
-    its slots (``<table>.weight`` in slot order, the id -> slot map only in the
-    ranks' own store state), which no process can key by id; this reads the
-    id-keyed entries once checkpoints hold them. Until then: one line.
+    It reads the table's slots with the id each holds (`BY_ID`). A checkpoint
+    that keeps only the slots (no ``dynamic.slot_ids``) cannot be keyed by id:
+    one line, never its slots loaded as rows.
     """
     rows = checkpoint / (BEST if weights == "best" else TABLES)
     saved = read_metadata(rows).state_dict_metadata
-    if f"{table}.weight" not in saved:
-        raise ValueError(f"export: {checkpoint} holds no table {table}.weight")
-    raise ValueError(
-        f"export: {checkpoint} holds dynamic table {table!r} by slot, without the id of "
-        "each row: a served program takes raw ids, so it needs a checkpoint that keeps "
-        "them (not written by this version)"
-    )
+    weight, slot_ids, occupied = (f"{table}.{name}" for name in BY_ID)
+    if weight not in saved:
+        raise ValueError(f"export: {checkpoint} holds no table {weight}")
+    if slot_ids not in saved or occupied not in saved:
+        raise ValueError(
+            f"export: {checkpoint} holds dynamic table {table!r} by slot, without the id of "
+            "each row: a served program takes raw ids, so it needs a checkpoint that keeps "
+            f"them ({slot_ids}); this one was written without"
+        )
+    entries = _read_entries(rows, saved, (weight, slot_ids, occupied))
+    held = entries[occupied].bool()
+    ids = entries[slot_ids][held]
+    order = torch.argsort(ids)
+    return ids[order], entries[weight][held][order]

@@ -26,28 +26,31 @@ IdRows = tuple[Tensor, Tensor]
 class DynamicEmbedding(nn.Module):
     """``forward(ids) -> ids.shape + (dim,)`` (the ``nn.Embedding`` contract):
     the row of each id in ``ids`` (a sorted int64 [n] tensor, no repeats),
-    zeros for an id that is not there. ``rows``: [n, dim], by ``ids``."""
+    zeros for an id that is not there. ``rows``: [n, dim], by ``ids``.
+
+    State: ``ids`` and ``weight`` (the rows), under the module's path as an
+    ``nn.Embedding``'s weight is."""
 
     def __init__(self, ids: Tensor, rows: Tensor, name: str = "dynamic table") -> None:
         super().__init__()
         check_id_rows(ids, rows, name)
         self.register_buffer("ids", ids.detach().clone())
-        self.register_buffer("rows", rows.detach().clone())
+        self.register_buffer("weight", rows.detach().clone())
 
     @property
     def embedding_dim(self) -> int:
-        return int(self.rows.shape[1])
+        return int(self.weight.shape[1])
 
     def forward(self, ids: Tensor) -> Tensor:
         if ids.dtype != torch.int64:  # a static choice: the traced program has no branch
             ids = ids.to(torch.int64)
         n = self.ids.shape[0]
         if n == 0:
-            return self.rows.new_zeros((*ids.shape, self.rows.shape[1]))
+            return self.weight.new_zeros((*ids.shape, self.weight.shape[1]))
         at = torch.searchsorted(self.ids, ids).clamp(max=n - 1)
         held = self.ids[at] == ids
         # where, not a product: exact zeros whatever the row holds (as training reads them)
-        return torch.where(held.unsqueeze(-1), self.rows[at], self.rows.new_zeros(()))
+        return torch.where(held.unsqueeze(-1), self.weight[at], self.weight.new_zeros(()))
 
     def extra_repr(self) -> str:
         return f"{self.ids.shape[0]} ids, dim {self.embedding_dim}, by id"

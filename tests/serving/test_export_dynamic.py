@@ -24,6 +24,7 @@ from freescale.jagged.batch import CAND_IDS, CONTENT_IDS, UIH_IDS, SampleBatch
 from freescale.jagged.schema import DataSchema
 from freescale.models import sequence
 from freescale.serving import export_model, load
+from freescale.serving.checkpoint import dynamic_table_of
 from freescale.serving.dynamic import DynamicEmbedding, load_served, serve_by_id
 from freescale.serving.loader import read_manifest
 from freescale.testing.batches import random_batch
@@ -152,6 +153,7 @@ def test_dynamic_embedding_reads_rows_by_id_and_zeros_without_one():
     want = torch.stack([rows[2], torch.zeros(3), rows[0], rows[3], torch.zeros(3), rows[1]])
     assert torch.equal(got, want.reshape(3, 2, 3))
     assert torch.equal(table(torch.tensor([7, -5], dtype=torch.int32)), rows[[2, 1]])
+    assert set(table.state_dict()) == {"ids", "weight"}
     empty = DynamicEmbedding(torch.zeros(0, dtype=torch.int64), torch.zeros(0, 3))
     assert torch.equal(empty(asked), torch.zeros(3, 2, 3))
 
@@ -177,6 +179,25 @@ def test_only_an_nn_embedding_is_served_by_id():
     with pytest.raises(ValueError, match="rows of dim 4, the model's embedding has 16"):
         serve_by_id(model, {"item_emb": (table[0], torch.zeros(2, 4))})
     assert isinstance(serve_by_id(model, {"item_emb": table}).item_emb, DynamicEmbedding)
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_a_checkpoint_s_slots_are_keyed_by_the_ids_they_hold(tmp_path):
+    """`dynamic_table_of` reads the slots' rows with the id each one holds
+    (`BY_ID`), all ranks' slots one after another: the held ones, by id."""
+    import torch.distributed.checkpoint as dcp
+
+    slot_ids = torch.tensor([40, 0, -3, 7, 0, 2**62])  # a free slot's id is stale
+    occupied = torch.tensor([True, False, True, True, False, True])
+    weight = torch.arange(18, dtype=torch.float32).reshape(6, 3)
+    entries = {"items.weight": weight, "items.dynamic.slot_ids": slot_ids,
+               "items.dynamic.occupied": occupied, "other.weight": torch.zeros(2, 3)}  # fmt: skip
+    dcp.save(entries, checkpoint_id=tmp_path / "tables", no_dist=True)
+    ids, rows = dynamic_table_of(tmp_path, "latest", "items")
+    assert ids.tolist() == [-3, 7, 40, 2**62]
+    assert torch.equal(rows, weight[[2, 3, 0, 5]])
+    with pytest.raises(ValueError, match=r"holds dynamic table 'other' by slot, without the id"):
+        dynamic_table_of(tmp_path, "latest", "other")
 
 
 RUN = ["run.nproc=1", "run.steps=2", "run.warmup=0", "run.batch_size=8", f"model.dim={DIM}",
