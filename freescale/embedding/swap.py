@@ -17,6 +17,7 @@ module called on its own there raises at the call, saying so.
 from __future__ import annotations
 
 import sys
+from collections.abc import Collection
 from typing import Any
 
 import torch
@@ -174,20 +175,25 @@ def _tables_of(path: str, m: nn.Module, plan: ShardingPlan, ec_type: type | None
     return out
 
 
-def plain_table_rows(model: nn.Module) -> TableRows:
+def plain_table_rows(model: nn.Module, by_id: Collection[str] = ()) -> TableRows:
     """The rows each lookup feature of an unswapped model's ``sharded_modules``
-    may index, named as `swap` names them."""
+    may index, named as `swap` names them. ``by_id``: paths of modules that
+    take any int64 id (a dynamic table, served by id): they have no rows to keep
+    ids inside, and are left out."""
     ec_type, plan = _torchrec_ec_type(), ShardingPlan()
-    paths = model.sharded_modules  # type: ignore[attr-defined]
+    paths = [p for p in model.sharded_modules if p not in by_id]  # type: ignore[attr-defined]
     return TableRows.of(
         c for p in paths for c, _ in _tables_of(p, model.get_submodule(p), plan, ec_type)
     )
 
 
-def plain_lookups(model: nn.Module, batch: Any) -> dict[str, Any]:
-    """The lookup features an unswapped model makes of ``batch`` (`plain_table_rows`' names)."""
+def plain_lookups(model: nn.Module, batch: Any, by_id: Collection[str] = ()) -> dict[str, Any]:
+    """The lookup features an unswapped model makes of ``batch`` (`plain_table_rows`'
+    names), those of the ``by_id`` modules left out as there."""
     out: dict[str, Any] = {}
     for path, value in model.embedding_inputs(batch).items():  # type: ignore[operator]
+        if path in by_id:
+            continue
         if isinstance(model.get_submodule(path), nn.Embedding):
             out[path] = value
         else:

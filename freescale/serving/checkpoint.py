@@ -19,6 +19,7 @@ with the same one line (docs/security.md).
 from __future__ import annotations
 
 import warnings
+from collections.abc import Collection, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from freescale.jagged.batch import SampleBatch
 from freescale.jagged.schema import DataSchema
 from freescale.models.contract import load_object
 from freescale.pipeline.setup import make_source
+from freescale.serving.dynamic import IdRows
 from freescale.state.checkpoint import find_checkpoint, read_manifest
 from freescale.state.checkpoint_files import BEST, MANIFEST, TABLES, read_checked, sha256_file
 from freescale.state.data_record import example_batch, recorded
@@ -148,12 +150,15 @@ def model_factory(config: TrainConfig, given: Any = None) -> Any:
     return load_object(config.model.factory, "model")
 
 
-def table_keys(model: nn.Module) -> dict[str, str]:
+def table_keys(model: nn.Module, by_id: Collection[str] = ()) -> dict[str, str]:
     """``{checkpoint table entry: the plain model's state-dict key}`` of the
-    model's sharded modules (`freescale.embedding.swap` names the tables)."""
+    model's sharded modules (`freescale.embedding.swap` names the tables), but
+    those at the ``by_id`` paths (dynamic tables: `dynamic_table_of`)."""
     modules = dict(model.named_modules())
     keys: dict[str, str] = {}
     for path in model.sharded_modules:  # type: ignore[union-attr]
+        if path in by_id:
+            continue
         module = modules[path]
         if isinstance(module, nn.Embedding):
             keys[f"{path}.weight"] = f"{path}.weight"
@@ -182,23 +187,86 @@ def chosen_weights(checkpoint: Path, trainer: dict[str, Any], weights: str) -> s
 
 
 def plain_state(
-    checkpoint: Path, trainer: dict[str, Any], model: nn.Module, weights: str = "latest"
+    checkpoint: Path,
+    trainer: dict[str, Any],
+    model: nn.Module,
+    weights: str = "latest",
+    by_id: Collection[str] = (),
 ) -> dict[str, Tensor]:
     """The plain model's full state dict: dense weights and gathered tables, the
-    latest or (``weights="best"``) the best evaluation's (`chosen_weights`)."""
-    keys = table_keys(model)
+    latest or (``weights="best"``) the best evaluation's (`chosen_weights`);
+    without the dynamic tables at the ``by_id`` paths (`dynamic_table_of`)."""
+    keys = table_keys(model, by_id)
     best = weights == "best"
     rows = checkpoint / (BEST if best else TABLES)
     saved = read_metadata(rows).state_dict_metadata
     missing = sorted(set(keys) - set(saved))
     if missing:
         raise ValueError(f"export: {checkpoint} holds no table {', '.join(missing)}")
+    tables = _read_entries(rows, saved, keys)
+    dense = trainer["best"]["dense"] if best else trainer["model"]
+    return {**dense, **{keys[k]: t for k, t in tables.items()}}
+
+
+def _read_entries(rows: Path, saved: dict[str, Any], entries: Iterable[str]) -> dict[str, Tensor]:
+    """Whole tensors of ``entries`` of the DCP directory ``rows`` (index ``saved``)."""
     tables = {}
-    for entry in keys:
+    for entry in entries:
         meta = saved[entry]
         tables[entry] = torch.empty(meta.size, dtype=meta.properties.dtype)
     with warnings.catch_warnings():  # "no process group: loading in one process", as meant
         warnings.simplefilter("ignore", UserWarning)
         torch.distributed.checkpoint.load(tables, storage_reader=SafeReader(rows), no_dist=True)
-    dense = trainer["best"]["dense"] if best else trainer["model"]
-    return {**dense, **{keys[k]: t for k, t in tables.items()}}
+    return tables
+
+
+def dynamic_paths(config: TrainConfig, model: nn.Module) -> list[str]:
+    """The paths of ``model``'s dynamic tables (``embeddings.tables.NAME.capacity``
+    > 0 in the run's config); one line for one a served program cannot hold by id
+    yet (a table of a TorchRec ``EmbeddingCollection``)."""
+    paths = []
+    for name in sorted(config.embeddings.dynamics()):
+        try:
+            module = model.get_submodule(name)
+        except AttributeError:
+            module = None
+        if not isinstance(module, nn.Embedding):
+            raise ValueError(
+                f"export: dynamic table {name!r} is not an nn.Embedding of the model: a "
+                "dynamic table inside a TorchRec EmbeddingCollection does not export yet"
+            )
+        paths.append(name)
+    return paths
+
+
+# A dynamic table's entries under ``<table>.``: every slot's row, the id each
+# slot holds and whether it holds one (all ranks' slots, one after another).
+BY_ID = ("weight", "dynamic.slot_ids", "dynamic.occupied")
+
+
+def dynamic_table_of(checkpoint: Path, weights: str, table: str) -> IdRows:
+    """(ids sorted ascending, int64 [n]; rows [n, dim]) of dynamic table
+    ``table`` in ``checkpoint``, the latest or (``weights="best"``) the best
+    evaluation's: the ids held over every rank and each one's row, as
+    ``collection.dynamic_rows(table)`` gives them in the run.
+
+    It reads the table's slots with the id each holds (`BY_ID`). A checkpoint
+    that keeps only the slots (no ``dynamic.slot_ids``) cannot be keyed by id:
+    one line, never its slots loaded as rows.
+    """
+    rows = checkpoint / (BEST if weights == "best" else TABLES)
+    saved = read_metadata(rows).state_dict_metadata
+    weight, slot_ids, occupied = (f"{table}.{name}" for name in BY_ID)
+    if weight not in saved:
+        raise ValueError(f"export: {checkpoint} holds no table {weight}")
+    if slot_ids not in saved or occupied not in saved:
+        raise ValueError(
+            f"export: {checkpoint} holds dynamic table {table!r} by slot, without the id of "
+            "each row: a served program takes raw ids, so it needs a checkpoint that keeps "
+            f"them ({slot_ids}); this one was written without"
+        )
+    entries = _read_entries(rows, saved, (weight, slot_ids, occupied))
+    held = entries[occupied].bool()
+    ids = entries[slot_ids][held]
+    order = torch.argsort(ids)
+    return ids[order], entries[weight][held][order]

@@ -7,7 +7,9 @@ Steps, each checkable on its own:
    (`freescale.serving.checkpoint`);
 2. the run's factory builds the plain model from the data's schema (the
    checkpoint's record, `freescale.state.data_record`: no data file read);
-   it loads that state and goes to eval mode;
+   each dynamic table becomes a `DynamicEmbedding` of its held ids and rows
+   (`freescale.serving.dynamic`: raw int64 ids in, zeros for an id without
+   a row); the model loads that state and goes to eval mode;
 3. `Program` wraps it behind the flat tensor signature
    (`freescale.serving.signature`), and `torch.export` traces it once over
    the example batch of the run's data the checkpoint keeps, with every
@@ -64,6 +66,7 @@ from freescale.models.attention_op import exported_attention
 from freescale.models.contract import check_model
 from freescale.serving import checkpoint as ck
 from freescale.serving.aoti import CompileError, compile_package
+from freescale.serving.dynamic import by_id_paths, load_served
 from freescale.serving.failure import ExportError, explain
 from freescale.serving.signature import Signature
 from freescale.state.checkpoint_files import sha256_file
@@ -141,7 +144,9 @@ def export(
     schema, example, maps = ck.export_data(found, manifest, config, data)
     plain = _build(factory, schema, config.model.options)
     chosen = ck.chosen_weights(found, trainer, weights)
-    plain.load_state_dict(ck.plain_state(found, trainer, plain, chosen))
+    by_id = ck.dynamic_paths(config, plain)
+    tables = {path: ck.dynamic_table_of(found, chosen, path) for path in by_id}
+    load_served(plain, ck.plain_state(found, trainer, plain, chosen, by_id), tables)
     source_record = {
         "checkpoint": str(found),
         "manifest_sha256": ck.manifest_sha256(found),
@@ -221,6 +226,7 @@ def export_model(
         "aoti_inductor_configs": inductor,
         "aoti_error": failed,
         "ids": {table: f"{IDS}/{table}.npy" for table in sorted(ids or {})},
+        "dynamic_tables": _dynamic_record(model),
         **(extra or {}),
         "files": {name: [(out / name).stat().st_size, sha256_file(out / name)] for name in files},
     }
@@ -255,15 +261,26 @@ def check_tables(model: nn.Module, example: SampleBatch, schema: DataSchema | No
     """One line if a table of ``model`` is smaller than the ids it is given for
     ``example`` or, with ``schema``, for the data's largest ids: the program
     would index past it (an exported table has no neighbour to read, but a
-    served batch would fail inside the program, far from the cause)."""
-    rows, example = plain_table_rows(model), example.to(torch.device("cpu"))
+    served batch would fail inside the program, far from the cause). A dynamic
+    table served by id (`DynamicEmbedding`) takes any int64 id: not checked."""
+    by_id = by_id_paths(model)  # dynamic tables: any int64 id, unknown ones read zeros
+    rows, example = plain_table_rows(model, by_id), example.to(torch.device("cpu"))
     batches = [("the example batch", example)]
     if schema is not None:
         batches.append(("the data's largest ids", _largest_ids(example, schema)))
     for what, batch in batches:
-        bad = rows.first_beyond(plain_lookups(model, batch))
+        bad = rows.first_beyond(plain_lookups(model, batch, by_id))
         if bad is not None:
             raise ValueError(f"export: {rows.describe(*bad)} for {what}: {TOO_SMALL}")
+
+
+def _dynamic_record(model: nn.Module) -> dict[str, dict[str, int]]:
+    """``{path: {"ids": held, "dim": dim}}`` of the tables the program serves by id."""
+    record = {}
+    for path in by_id_paths(model):
+        module = model.get_submodule(path)
+        record[path] = {"ids": int(module.ids.shape[0]), "dim": module.embedding_dim}
+    return record
 
 
 def _largest_ids(batch: SampleBatch, schema: DataSchema) -> SampleBatch:
