@@ -30,6 +30,7 @@ from freescale.config import BUILTIN_MODEL, TrainConfig
 from freescale.data.ids import IDS, ITEMS
 from freescale.data.source import BUILTIN_KINDS, READERS, id_maps, schema_of
 from freescale.embedding.state.dcp_safe import SafeReader, read_metadata
+from freescale.embedding.state.dynamic_entries import rows_by_id
 from freescale.jagged.batch import SampleBatch
 from freescale.jagged.schema import DataSchema
 from freescale.models.contract import load_object
@@ -266,7 +267,5 @@ def dynamic_table_of(checkpoint: Path, weights: str, table: str) -> IdRows:
             f"them ({slot_ids}); this one was written without"
         )
     entries = _read_entries(rows, saved, (weight, slot_ids, occupied))
-    held = entries[occupied].bool()
-    ids = entries[slot_ids][held]
-    order = torch.argsort(ids)
-    return ids[order], entries[weight][held][order]
+    ids, by_id, _ = rows_by_id(entries, f"{table}.")
+    return ids, by_id
