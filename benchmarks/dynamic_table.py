@@ -120,7 +120,7 @@ def held_mb(coll: ShardedEmbeddingCollection) -> float:
     tensors = list(coll.buffers())
     for store in coll.stores:
         if store.dynamic is not None:
-            tensors += [*store.dynamic.tensors().values(), *store.dynamic.held()]
+            tensors += [*store.dynamic.map.tensors().values(), *store.dynamic.map.held()]
     return sum(t.numel() * t.element_size() for t in tensors) / 2**20
 
 

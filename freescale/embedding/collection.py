@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -43,9 +42,11 @@ from torch import Tensor, nn
 
 from freescale.comm import Communicator
 from freescale.embedding import input_dist
-from freescale.embedding.config import Placement, ShardingPlan, TableConfig
-from freescale.embedding.dynamic import table_seed
+from freescale.embedding.config import ShardingPlan, TableConfig
+from freescale.embedding.dynamic.shard import counts_of, gather_by_id
+from freescale.embedding.dynamic.spec import table_seed
 from freescale.embedding.host_tier import check_host_memory, ranks_on_host
+from freescale.embedding.layout import check_names, group_tables, host_tier_bytes, row_sharding
 from freescale.embedding.lookup import GroupCall, ShardedLookup, Timer, no_timer
 from freescale.embedding.modes import Mode, Sync
 from freescale.embedding.nonfinite import NonFiniteGuard
@@ -54,24 +55,9 @@ from freescale.embedding.prioritized import CollisionStats
 from freescale.embedding.store import ShardStore
 from freescale.jagged import JaggedTensor
 from freescale.jagged.interop import embeddings_to_torchrec, is_kjt, kjt_to_features
-from freescale.kernels.shard import RowSharding
 
 Features = Mapping[str, JaggedTensor | Tensor]
 Outputs = dict[str, JaggedTensor | Tensor]
-
-
-def _group_tables(
-    tables: Sequence[TableConfig], plan: ShardingPlan
-) -> list[tuple[Any, Placement, list[TableConfig]]]:
-    """(optimizer, placement, tables) of each store: equal dtype, dim, optimizer
-    and placement share one."""
-    groups: dict[tuple, list[TableConfig]] = {}
-    for t in tables:
-        # a dynamic table maps its own ids to its slots: a store of its own
-        own = t.name if t.dynamic is not None else None
-        key = (t.dtype, t.dim, plan.optimizer_for(t), plan.placement_for(t), own)
-        groups.setdefault(key, []).append(t)
-    return [(key[2], key[3], members) for key, members in groups.items()]
 
 
 class ShardedEmbeddingCollection(nn.Module):
@@ -107,7 +93,7 @@ class ShardedEmbeddingCollection(nn.Module):
     ) -> None:
         super().__init__()
         plan = plan if plan is not None else ShardingPlan()
-        _check_names(tables)
+        check_names(tables)
         overlap_comm = overlap_comm if overlap_comm is not None else comm
         if (overlap_comm.rank, overlap_comm.world_size) != (comm.rank, comm.world_size):
             raise ValueError("the overlap communicator must span the same ranks")
@@ -118,10 +104,10 @@ class ShardedEmbeddingCollection(nn.Module):
         self.tables = {t.name: t for t in tables}
         self.stores = nn.ModuleList()
         self._where: dict[str, tuple[int, int]] = {}
-        grouped = _group_tables(tables, plan)
+        grouped = group_tables(tables, plan)
         check_host_memory(host_tier_bytes(grouped, comm.world_size), ranks_on_host(comm.world_size))
         for g, (opt, placement, members) in enumerate(grouped):
-            shardings = [_sharding(t, comm.world_size, plan) for t in members]
+            shardings = [row_sharding(t, comm.world_size, plan) for t in members]
             # a dynamic table's rows start from (table seed, id): not from its group
             own = table_seed(seed, members[0].name) if members[0].dynamic else seed + g
             store = ShardStore(members, shardings, opt, comm.rank, self.device, own, placement)
@@ -324,14 +310,9 @@ class ShardedEmbeddingCollection(nn.Module):
         return torch.stack([t.take_bytes() for t in tiers]).sum().reshape(1).double()
 
     def dynamic_counts(self) -> tuple[int, ...] | None:
-        """This rank's dynamic tables since the last call: (slots held, slots,
-        inserts, evictions, ids not admitted, gradient rows dropped); None
-        without a dynamic table."""
-        stores = [s for s in self.stores if s.dynamic is not None]  # type: ignore[union-attr]
-        if not stores:
-            return None
-        taken = [s.dynamic_stats.take() for s in stores]  # type: ignore[union-attr]
-        return tuple(sum(col) for col in zip(*taken, strict=True))
+        """This rank's dynamic tables since the last call (`DynamicStats.take`,
+        summed); None without a dynamic table."""
+        return counts_of([s.dynamic for s in self.stores if s.dynamic is not None])
 
     def collision_stats(self) -> CollisionStats | None:
         """Collision of the last prefetched step with the one before, on this rank's shards.
@@ -385,16 +366,7 @@ class ShardedEmbeddingCollection(nn.Module):
         store, _ = self._locate(name)
         if store.dynamic is None:
             raise ValueError(f"table {name!r} is static: see full_table(name)")
-        held = store.dynamic.tensors()
-        parts = {"ids": held["slot_ids"], "held": held["occupied"], "rows": store.weight}
-        parts.update(store.optimizer_state())
-        every = {k: self.comm.all_gather(v.to(self.device).contiguous()).wait()
-                 for k, v in parts.items()}  # fmt: skip
-        keep = every.pop("held")
-        ids = every.pop("ids")[keep]
-        order = torch.argsort(ids)
-        rows = every.pop("rows")[keep][order]
-        return ids[order], rows, {k: v[keep][order] for k, v in every.items()}
+        return gather_by_id(self.comm, store.dynamic.map, store.weight, store.optimizer_state())
 
     @torch.no_grad()
     def set_table(self, name: str, weight: Tensor) -> None:
@@ -436,6 +408,11 @@ class ShardedEmbeddingCollection(nn.Module):
 
     # ---- checkpoints see current tables ----------------------------------------
     def _save_to_state_dict(self, destination: dict, prefix: str, keep_vars: bool) -> None:
+        if self.mode.lookahead_mapped() and any(s.dynamic for s in self.stores):
+            raise ValueError(
+                "a dynamic table saved by rank as it lies would hold the next step, mapped "
+                "ahead: save between steps with nothing prefetched, or save TableEntries"
+            )
         self.flush()  # runs before the stores write their tensors
         super()._save_to_state_dict(destination, prefix, keep_vars)
 
@@ -465,36 +442,3 @@ def _same_ids(a: JaggedTensor | Tensor, b: JaggedTensor | Tensor, exact: bool) -
         [(a.values, b.values), (a.offsets, b.offsets)] if isinstance(a, JaggedTensor) else [(a, b)]
     )  # type: ignore[union-attr]
     return all(x.shape == y.shape and (not exact or torch.equal(x, y)) for x, y in pairs)
-
-
-def _sharding(table: TableConfig, world: int, plan: ShardingPlan) -> RowSharding:
-    """A static table's row assignment; a dynamic one's slots (owners come from
-    `freescale.embedding.dynamic.owner_of`, slots from its map)."""
-    if table.dynamic is not None:
-        return RowSharding(table.dynamic.local_capacity(world) * world, world, "block")
-    return RowSharding(table.rows, world, plan.assignment, plan.block_size)
-
-
-def _check_names(tables: Sequence[TableConfig]) -> None:
-    if not tables:
-        raise ValueError("a ShardedEmbeddingCollection needs at least one table")
-    names = [t.name for t in tables]
-    if len(set(names)) != len(names):
-        raise ValueError(f"duplicate table names: {names}")
-    features = [f for t in tables for f in t.features]
-    if len(set(features)) != len(features):
-        raise ValueError(f"a feature may look up only one table: {features}")
-
-
-def host_tier_bytes(grouped: list[tuple[Any, Placement, list[TableConfig]]], world: int) -> int:
-    """Host memory one rank's host-tier shards take (rows + optimizer state), at
-    most ceil(rows / W) rows per table (the largest share of any assignment)."""
-    total = 0
-    for opt, placement, members in grouped:
-        if placement != "host":
-            continue
-        for t in members:
-            state = sum(math.prod(shape) * 4 for shape, _ in opt.state_specs(t.dim).values())
-            row = t.dim * torch.empty((), dtype=t.dtype).element_size() + state
-            total += -(-(t.dynamic.capacity if t.dynamic else t.rows) // world) * row
-    return total

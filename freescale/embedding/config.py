@@ -13,7 +13,7 @@ from typing import Literal
 
 import torch
 
-from freescale.embedding.dynamic import DynamicSpec
+from freescale.embedding.dynamic.spec import DynamicSpec
 from freescale.embedding.optim import SGD, OptimizerConfig
 
 Assignment = Literal["hashed", "block"]

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from freescale.comm import Communicator, CompletedWork, Work
-from freescale.embedding.dynamic import owner_of
+from freescale.embedding.dynamic.spec import owner_of
 from freescale.embedding.nonfinite import NonFiniteGuard
 from freescale.embedding.preflight import Request
 from freescale.embedding.store import ShardStore

@@ -10,11 +10,11 @@ memory (pinned on a GPU) and every read and write goes through the store's
 `HostTier` (`freescale.embedding.host_tier`); ``device`` stays the device
 lookups return rows on and updates compute on.
 
-State dict keys carry the rank and world size (``weight.rank0of2``): each
-rank saves and loads only its own shard, which is what
-``torch.distributed.checkpoint`` needs for per-rank tensors, and a checkpoint
-read at another world size fails loudly (missing keys) instead of silently
-scrambling rows. A ``layout`` tensor guards against a changed assignment.
+A dynamic table (`freescale.embedding.dynamic`) has a store of its own and
+a `DynamicShard` that maps the ids arriving here to slots (`receive`).
+
+Its state dict holds this rank's slots as they lie, keys naming the rank
+(`freescale.embedding.per_rank`).
 """
 
 from __future__ import annotations
@@ -30,19 +30,17 @@ from torch import Tensor, nn
 
 from freescale.embedding._ops import sum_duplicates
 from freescale.embedding.config import Placement, TableConfig
-from freescale.embedding.dynamic import DynamicStats, check_capacity, initial_rows
-from freescale.embedding.dynamic_map import DynamicMap
+from freescale.embedding.dynamic.shard import DynamicShard
 from freescale.embedding.host_tier import HostTier, host_tensor
 from freescale.embedding.optim import OptimizerConfig, Scalar, apply_rows, make_state
+from freescale.embedding.per_rank import PerRankState
 from freescale.jagged.ops import copy_to_host, host_to_device, side_stream, wait_for_copy
 from freescale.kernels import gather_rows
 from freescale.kernels.backend import choose_impl, triton_module
 from freescale.kernels.shard import RowSharding
 
-_KIND_CODE = {"block": 0, "hashed": 1}
 
-
-class ShardStore(nn.Module):
+class ShardStore(PerRankState, nn.Module):
     """Local rows + optimizer state of the tables of one group on one rank."""
 
     def __init__(
@@ -68,15 +66,11 @@ class ShardStore(nn.Module):
         self.starts = [sum(sizes[:i]) for i in range(len(sizes))]
         self.slots = sum(sizes)
         self.tier: HostTier | None = None
-        self.dynamic: DynamicMap | None = None  # a dynamic table's id -> slot map
+        self.dynamic: DynamicShard | None = None  # a dynamic table's map and rows by id
         if tables[0].dynamic is not None:
             if len(tables) != 1:
                 raise ValueError("a dynamic table has a store of its own")
-            self.dynamic = DynamicMap(tables[0].dynamic, self.slots, self.device)
-            self.dynamic_seed = seed
-            self.dynamic_stats = DynamicStats(slots=self.slots)
-            self._evicted: dict[str, Tensor] = {}  # rows the last call evicted (`_map`)
-        self._readable_of: tuple[Tensor, Tensor] | None = None  # (`_readable`)
+            self.dynamic = DynamicShard(tables[0], self.slots, self.device, seed)
         weight = self._init_weight(seed)
         if placement == "host":
             state = _host_state(optimizer, self.slots, self.dim, self.device)
@@ -136,95 +130,33 @@ class ShardStore(nn.Module):
     # ---- training ------------------------------------------------------------
     def receive(self, recv: Tensor, comm: Any, learns: bool, behind: bool = False) -> Tensor:
         """The local slots of the ids a lookup call brought this shard: a
-        static table's are what arrived; a dynamic table maps its ids (a
-        learning call inserts and evicts, `freescale.embedding.dynamic`;
-        another only reads, unknown ids get -1, which reads zeros; ``behind``:
-        it reads the table as it was before the last call was mapped, which
-        ran ahead of its step).
-        """
+        static table's are what arrived; a dynamic table maps its ids
+        (`freescale.embedding.dynamic.shard`: a learning call inserts and
+        evicts, another only reads; ``behind``: as the table was before a
+        call mapped ahead of its step)."""
         if self.dynamic is None:
             return recv
-        pad = self.tables[0].padding_idx
-        if pad is None:
-            return self._map(recv, comm, learns, behind)
-        keep = recv != pad  # looked up, never given a row: reads zeros
-        slots = torch.full_like(recv, -1)
-        slots[keep] = self._map(recv[keep], comm, learns, behind)
+        if learns:
+            self.join_update()
+        inits = {n: init for n, (_, init) in self.optimizer.state_specs(self.dim).items()}
+        slots = self.dynamic.receive(recv, comm, learns, behind, self._row_tensors(), inits)
+        if learns and self.tier is not None:
+            self.tier.drop()  # new rows written behind the staged ones
         return slots
-
-    def _map(self, ids: Tensor, comm: Any, learns: bool, behind: bool) -> Tensor:
-        assert self.dynamic is not None
-        if not learns:
-            return self.dynamic.find_before(ids) if behind else self.dynamic.find(ids)
-        result = self.dynamic.map(ids)
-        check_capacity(self.tables[0], result, comm, self.dynamic)
-        self.join_update()
-        # the rows and state of the ids this call evicts: what reads and saves
-        # of the table before this call see (`find_before`, `dynamic_entries`)
-        evicted = result.new_slots[self.dynamic.occupied[result.new_slots]]
-        self._evicted = {n: t[evicted.to(t.device)] for n, t in self._row_tensors().items()}
-        self.dynamic.commit(result)
-        self._start_rows(result.new_slots, result.new_ids)
-        self.dynamic_stats.add(result, self.dynamic.occupancy, self.dynamic.capacity)
-        return result.slots
-
-    def _start_rows(self, slots: Tensor, ids: Tensor) -> None:
-        """New ids' rows from (table seed, id); their optimizer state from its
-        initial values."""
-        if not slots.numel():
-            return
-        spec = self.tables[0].dynamic
-        assert spec is not None
-        rows = initial_rows(self.dynamic_seed, ids, self.dim, self.dtype, spec.bound)
-        where = slots.to(self.weight.device)
-        with torch.no_grad():
-            self.weight[where] = rows.to(self.weight.device)
-            for name, (_, init) in self.optimizer.state_specs(self.dim).items():
-                getattr(self, name)[where] = init
-        if self.tier is not None:
-            self.tier.drop()
 
     def _row_tensors(self) -> dict[str, Tensor]:
         return {"weight": self.weight, **self.optimizer_state()}
 
     def dynamic_entries(self, before: bool) -> dict[str, Tensor]:
-        """A dynamic table's held slots as copies: ``slot``, ``id``,
-        ``last_used``, ``uses``, ``weight`` and the optimizer state per held
-        slot, with the map's other tensors (``pend_*``, ``calls``). ``before``:
-        as they were before the last call was mapped (a call mapped ahead of
-        its step: what a synchronous run holds at this point)."""
+        """`DynamicShard.entries` of this store's rows (a dynamic table's)."""
         assert self.dynamic is not None
-        m = self.dynamic.before_last() if before else self.dynamic.before_last(undo=False)
-        slots = m["occupied"].nonzero().squeeze(1)
-        out = {n: t[slots] for n, t in self._row_tensors().items()}
-        if before and self.dynamic.undo is not None:  # evicted slots hold their old rows
-            u = self.dynamic.undo
-            back = torch.searchsorted(slots, u["new"][u["old_occupied"]])
-            for n, t in out.items():
-                t[back] = self._evicted[n].to(t.device)
-        out.update({"slot": slots, "id": m["slot_ids"][slots], "last_used": m["last_used"][slots],
-                    "uses": m["uses"][slots]})  # fmt: skip
-        out.update({k: v for k, v in m.items() if k.startswith("pend_") or k == "calls"})
-        return out
+        return self.dynamic.entries(before, self._row_tensors())
 
     def lookup(self, slots: Tensor) -> Tensor:
         self.join_update()
         if self.dynamic is not None:  # -1: no row (zeros); <= -2: a row the last call evicted
-            rows = self._gather(self._readable(slots))
-            old = self._evicted.get("weight")
-            if old is not None and old.shape[0]:  # (no host read: where, not a mask)
-                back = old.to(rows.device)[(-2 - slots).clamp(0, old.shape[0] - 1)]
-                rows = torch.where((slots <= -2).unsqueeze(1), back, rows)
-            return torch.where((slots == -1).unsqueeze(1), rows.new_zeros(()), rows)
+            return self.dynamic.read(slots, self._gather)
         return self._gather(slots)
-
-    def _readable(self, slots: Tensor) -> Tensor:
-        """A dynamic table's slots with those of ids without a row (< 0) at
-        slot 0, masked after the read; the same tensor for the same slots, so
-        that a host tier's staged rows (`stage`) are found by `lookup`."""
-        if self._readable_of is None or self._readable_of[0] is not slots:
-            self._readable_of = (slots, slots.clamp(min=0))
-        return self._readable_of[1]
 
     def _gather(self, slots: Tensor) -> Tensor:
         if self.tier is not None:
@@ -241,7 +173,8 @@ class ShardStore(nn.Module):
         gathering them now (`HostTier.stage`); a device store has nothing to do."""
         if self.tier is not None:
             self.join_update()
-            self.tier.stage(self.weight, slots if self.dynamic is None else self._readable(slots))
+            staged = slots if self.dynamic is None else self.dynamic.readable(slots)
+            self.tier.stage(self.weight, staged)
 
     def section(self, name: str) -> str:
         """The timer section of ``name`` (lookup, update) for this store's tables:
@@ -335,9 +268,7 @@ class ShardStore(nn.Module):
         """
         self._follow_live_hyperparameters()
         if self.dynamic is not None:  # ids without a row (not admitted): dropped, counted
-            held = slots >= 0
-            self.dynamic_stats.dropped += int(slots.numel() - int(held.sum()))
-            slots, grads = slots[held], grads[held]
+            slots, grads = self.dynamic.drop(slots, grads)
         per_table = self._per_table_scalars(steps)
         if self.tier is not None:
             self.tier.count_update(slots)
@@ -463,70 +394,6 @@ class ShardStore(nn.Module):
             self.tier.drop()  # a write through the view would leave it stale
         start = self.starts[t]
         return tensor[start : start + self.shardings[t].local_rows]
-
-    # ---- state dict ----------------------------------------------------------
-    def _tensors(self) -> dict[str, Tensor]:
-        self.join_update()
-        named = {"weight": self.weight, "steps": self.steps}
-        named.update(self.optimizer_state())
-        named["layout"] = self._layout()
-        if self.dynamic is not None:
-            named.update({f"dynamic_{k}": v for k, v in self.dynamic.tensors().items()})
-        return named
-
-    def _layout(self) -> Tensor:
-        rows = [
-            [s.rows, s.world_size, _KIND_CODE[s.kind], s.block_size, t.dim]
-            for t, s in zip(self.tables, self.shardings, strict=True)
-        ]
-        return torch.tensor(rows, dtype=torch.int64)
-
-    def _key(self, prefix: str, name: str) -> str:
-        return f"{prefix}{name}.rank{self.rank}of{self.world_size}"
-
-    def _save_to_state_dict(self, destination: dict, prefix: str, keep_vars: bool) -> None:
-        self.settle()  # the counters of skipped steps taken back
-        for name, t in self._tensors().items():
-            destination[self._key(prefix, name)] = t if keep_vars else t.detach()
-
-    def _load_from_state_dict(
-        self,
-        state_dict: dict[str, Any],
-        prefix: str,
-        local_metadata: dict,
-        strict: bool,
-        missing_keys: list[str],
-        unexpected_keys: list[str],
-        error_msgs: list[str],
-    ) -> None:
-        self.settle()
-        tensors = self._tensors()
-        for name, target in tensors.items():
-            key = self._key(prefix, name)
-            if key not in state_dict:
-                missing_keys.append(key)
-                continue
-            src = state_dict[key]
-            if name == "layout":
-                if not torch.equal(src.cpu(), target):
-                    error_msgs.append(f"{key}: sharding layout {src.tolist()} != {target.tolist()}")
-            elif src.shape != target.shape or src.dtype != target.dtype:
-                error_msgs.append(
-                    f"{key}: {src.dtype}{tuple(src.shape)} != expected "
-                    f"{target.dtype}{tuple(target.shape)}"
-                )
-            elif src.data_ptr() != target.data_ptr():
-                with torch.no_grad():
-                    target.copy_(src)
-                if self.tier is not None:
-                    self.tier.drop()
-        self._host_steps = [int(s) for s in self.steps.tolist()]
-        if self.dynamic is not None:
-            self.dynamic.load({})  # the index of the loaded slots
-        # A store has no children: every other key under its prefix is foreign
-        # (e.g. another rank's shard).
-        ours = {self._key(prefix, n) for n in tensors}
-        unexpected_keys.extend(k for k in state_dict if k.startswith(prefix) and k not in ours)
 
 
 def _host_state(

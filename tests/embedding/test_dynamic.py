@@ -24,8 +24,7 @@ from freescale.embedding import (
     TableConfig,
     swap,
 )
-from freescale.embedding.dynamic import DynamicSpec, initial_rows, table_seed
-from freescale.embedding.dynamic_map import DynamicMap
+from freescale.embedding.dynamic import DynamicMap, DynamicSpec, initial_rows, table_seed
 from freescale.jagged import JaggedTensor
 
 MODES = {"sync": Sync, "sdd": SparseDataDist, "freescale": Prioritized}

@@ -83,7 +83,7 @@ class Run:
         ids, rows, opt = self.coll.dynamic_rows("items")
         return {
             "slots": {"weight": store.weight.clone(), **{k: v.clone() for k, v in
-                      {**store.optimizer_state(), **store.dynamic.tensors()}.items()}},
+                      {**store.optimizer_state(), **store.dynamic.map.tensors()}.items()}},
             "by_id": (ids, rows, opt),
             "step": self.coll.step_of("items"),
         }  # fmt: skip
@@ -140,7 +140,7 @@ def _reshard(comm, taken: dict, spec: DynamicSpec) -> dict:
     run = Run(comm, "sync", spec)
     TableEntries(run.coll).load_state_dict(taken)
     store = run.coll.stores[0]
-    loaded = {k: v.clone() for k, v in store.dynamic.tensors().items()}
+    loaded = {k: v.clone() for k, v in store.dynamic.map.tensors().items()}
     by_id = run.coll.dynamic_rows("items")
     losses = run.train(AT, STEPS)[0]
     return {"map": loaded, "by_id": by_id, "slots": store.slots, "losses": losses,

@@ -40,7 +40,7 @@ AT = 3  # the checkpoint continues at step 3
 def _state(trainer: Trainer) -> dict:
     emb = trainer.embeddings
     store, _ = emb._locate("item_emb")
-    slots = {"weight": store.weight, **store.optimizer_state(), **store.dynamic.tensors()}
+    slots = {"weight": store.weight, **store.optimizer_state(), **store.dynamic.map.tensors()}
     return {
         "losses": [(s["step"], s["loss"]) for s in trainer.summary.steps],
         "evictions": sum(s["dynamic_evictions"] for s in trainer.summary.steps),
@@ -79,7 +79,7 @@ def _resumed(resume: str, overrides: list[str]) -> dict:
     def recorded(source):
         out = restore(source)
         loaded["at_load"] = trainer.embeddings.dynamic_rows("item_emb")
-        held = trainer.embeddings._locate("item_emb")[0].dynamic.tensors()
+        held = trainer.embeddings._locate("item_emb")[0].dynamic.map.tensors()
         loaded["map"] = {k: v.clone() for k, v in held.items()}
         return out
 

@@ -44,8 +44,8 @@ import torch
 from torch import Tensor
 
 from freescale.comm import Communicator
-from freescale.embedding.dynamic import owner_of
-from freescale.embedding.dynamic_map import DynamicMap
+from freescale.embedding.dynamic.map import DynamicMap
+from freescale.embedding.dynamic.spec import owner_of
 
 if TYPE_CHECKING:
     from freescale.embedding.store import ShardStore
@@ -61,7 +61,7 @@ def per_slot(store: ShardStore, weights: bool, before: bool) -> dict[str, Tensor
     name (copies); ``before``: as before a call mapped ahead of its step."""
     assert store.dynamic is not None
     held = store.dynamic_entries(before)
-    fresh = DynamicMap(store.dynamic.spec, store.slots, store.dynamic.device).tensors()
+    fresh = DynamicMap(store.dynamic.map.spec, store.slots, store.dynamic.map.device).tensors()
     slots = held["slot"]
     for name, key in (("slot_ids", "id"), ("last_used", "last_used"), ("uses", "uses")):
         fresh[name][slots] = held[key]
@@ -235,7 +235,7 @@ def _install(
     held = _mine(parts, "dynamic.occupied", chunked, comm)
     pending = _mine(parts, "dynamic.pend_seen", chunked, comm)
     assert store.dynamic is not None
-    fresh = DynamicMap(store.dynamic.spec, store.slots, store.dynamic.device)
+    fresh = DynamicMap(store.dynamic.map.spec, store.slots, store.dynamic.map.device)
     keep = fresh.install(
         {n: held[f"dynamic.{n}"] for n in ("slot_ids", "last_used", "uses")},
         {n: pending[f"dynamic.{n}"] for n in ("pend_ids", "pend_count", "pend_last")},
@@ -275,7 +275,7 @@ def _restore(
     store.table_slice(0, store.weight).copy_(rows)
     for name, target in store.optimizer_state().items():
         store.table_slice(0, target).copy_(state[name])
-    store.dynamic.load(tensors)  # (nothing left to look behind)
+    store.dynamic.map.load(tensors)  # (nothing left to look behind)
 
 
 @torch.no_grad()
@@ -285,7 +285,7 @@ def _state_by_id(
     """Optimizer state alone: into the slots that hold its ids now."""
     assert store.dynamic is not None
     held = _mine(parts, "dynamic.occupied", chunked, comm)
-    slots = store.dynamic.find(held["dynamic.slot_ids"].to(store.dynamic.device))
+    slots = store.dynamic.map.find(held["dynamic.slot_ids"].to(store.dynamic.map.device))
     found = slots >= 0
     for name, target in store.optimizer_state().items():
         src = held["optimizer." + name][found.to(held["optimizer." + name].device)]

@@ -7,7 +7,7 @@ mode or the world size where the contract says so:
 
 - the owner of an id is a fixed 64-bit mix of it (`owner_of`), modulo W;
 - a new row starts from values drawn from (table seed, id) (`initial_rows`);
-- each shard maps its ids to its slots (`freescale.embedding.dynamic_map`), once per
+- each shard maps its ids to its slots (`freescale.embedding.dynamic.map`), once per
   lookup call in call order, on the ids the shard receives. An id without a
   row is admitted on its ``admit_after``-th call (before that it reads zeros
   and its gradient is dropped) and takes a free slot, else the slot of the
@@ -19,8 +19,9 @@ update and before call i's: the ids it may evict were read by neither, so
 no pending update and no prefetched row can meet a reused slot, and every
 mode maps the same ids in the same order to the same slots.
 
-This module holds the rules (spec, owner, initial values, the full-shard
-error); `freescale.embedding.dynamic_map` the per-shard map.
+This module holds the rules (spec, owner, initial values);
+`freescale.embedding.dynamic.map` the per-shard map,
+`freescale.embedding.dynamic.shard` a store's side of it.
 """
 
 from __future__ import annotations
@@ -28,13 +29,9 @@ from __future__ import annotations
 import math
 import zlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
-
-if TYPE_CHECKING:
-    from freescale.embedding.dynamic_map import DynamicMap, MapResult
 
 EVICTIONS = ("lru", "lfu")
 # splitmix64's finalizer constants, as signed int64 (torch has no uint64 arithmetic).
@@ -116,49 +113,3 @@ def initial_rows(seed: int, ids: Tensor, dim: int, dtype: torch.dtype, bound: fl
     bits = mix64(key.unsqueeze(1) + cols * _GOLDEN)
     u = _shr(bits, 40).to(torch.float64) / float(1 << 24)  # 24 bits: exact in float32
     return ((u * 2.0 - 1.0) * bound).to(dtype)
-
-
-class DynamicTableFull(ValueError):
-    """A call's ids on one shard need more rows than it holds (nothing evictable)."""
-
-
-@dataclass
-class DynamicStats:
-    """A dynamic store's counts since they were last taken (`take`)."""
-
-    inserts: int = 0
-    evictions: int = 0
-    not_admitted: int = 0  # distinct ids seen without getting a row, per call
-    dropped: int = 0  # gradient rows of ids without a row
-    held: int = 0  # slots holding an id, after the last call
-    slots: int = 0
-
-    def add(self, result: MapResult, held: int, slots: int) -> None:
-        self.inserts += int(result.new_ids.numel())
-        self.evictions += result.evicted
-        self.not_admitted += result.not_admitted
-        self.held, self.slots = held, slots
-
-    def take(self) -> tuple[int, int, int, int, int, int]:
-        """(held, slots, inserts, evictions, not admitted, dropped); the counts restart."""
-        out = (self.held, self.slots, self.inserts, self.evictions, self.not_admitted, self.dropped)
-        self.inserts = self.evictions = self.not_admitted = self.dropped = 0
-        return out
-
-
-def check_capacity(table: Any, result: MapResult, comm: Any, dmap: DynamicMap) -> None:
-    """Raise `DynamicTableFull` on every rank, before any shard changes, if
-    one shard's call needs more rows than it has (a collective)."""
-    mine = torch.tensor([[int(result.overflow), result.needed]], dtype=torch.int64)
-    every = mine if comm.world_size == 1 else comm.all_gather(mine.to(comm.device)).wait().cpu()
-    full = every[:, 0].nonzero().flatten().tolist()
-    if not full:
-        return
-    rank, needed = full[0], int(every[full[0], 1])
-    spec = table.dynamic
-    raise DynamicTableFull(
-        f"dynamic table {table.name!r} is full on rank {rank} at step {int(dmap.calls)}: "
-        f"its ids need {needed} rows (this lookup's and the one before it's), the shard "
-        f"holds {dmap.capacity} (capacity {spec.capacity} over {comm.world_size} ranks); "
-        f"raise embeddings.tables.{table.name}.capacity"
-    )

@@ -1,4 +1,4 @@
-"""One shard's id -> slot map of a dynamic table (`freescale.embedding.dynamic`).
+"""One shard's id -> slot map of a dynamic table (`freescale.embedding.dynamic.spec`).
 
 Per-slot tensors on the table's device (the id held, its last use, its use
 count), an index sorted by id (`torch.searchsorted`) to find ids, and for
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from freescale.embedding.dynamic import DynamicSpec
+from freescale.embedding.dynamic.spec import DynamicSpec
 
 
 @dataclass
