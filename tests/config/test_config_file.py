@@ -64,6 +64,8 @@ def test_every_key_of_the_docs_reads_back(tmp_path):
         extra += ["output.dir=runs/x"] if override.startswith("output.tensorboard") else []
         if override.startswith("model.category"):
             extra += ["model=examples.categories:build"]
+        if override.split("=")[0].endswith((".evict", ".admit_after")):  # a dynamic table's
+            extra += [override.split("=")[0].rpartition(".")[0] + ".capacity=1000"]
         cfg = build_config("demo", [*extra, override])
         path = tmp_path / "run.toml"
         path.write_text(freescale.config_toml(cfg))
