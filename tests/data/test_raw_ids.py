@@ -214,3 +214,19 @@ def test_bad_raw_id_settings_are_one_line(settings, match, tmp_path):
     with pytest.raises(ValueError, match=match) as e:
         build_config("demo", [f"data={spec}", *settings])
     assert "\n" not in str(e.value)
+
+
+def test_another_file_of_raw_ids_has_the_runs_schema(tmp_path):
+    """Raw ids need no id map, so a checkpoint evaluates a file with other items
+    (`freescale eval --data`): the item count is no part of a raw schema."""
+    from freescale.serving.checkpoint import check_schema
+
+    one = write_sasrec(tmp_path / "one.txt", hashed(histories(seed=0)))
+    two = write_sasrec(tmp_path / "two.txt", hashed(histories(users=50, items=90, seed=1)))
+    a, b = schema_of(source(one, DYNAMIC)), schema_of(source(two, DYNAMIC))
+    assert a.num_items != b.num_items
+    check_schema(a, b, two, "eval")
+    with pytest.raises(ValueError, match=r"eval: .*two\.txt is not the run's data: uih\.item_ids"):
+        check_schema(schema_of(source(one)), schema_of(source(two)), two, "eval")
+    with pytest.raises(ValueError, match=r"eval: .*is not the run's data: uih\.item_ids"):
+        check_schema(schema_of(source(one)), a, one, "eval")  # rows vs raw ids
