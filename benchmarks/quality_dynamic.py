@@ -75,9 +75,13 @@ def measure(s: Scenario, ctx: Ctx) -> Result:
             row.update({f"dynamic_{k}": v for k, v in counts.items()})
         rows.append(row)
         print(json.dumps({m: row.get(m) for m in s.metrics}, default=str), flush=True)
+    sets = " ".join(f"--set {setting(k, v)}" for k, v in s.set.items())
     sections = [
         f"`dynamic`: the file's {items} item ids through a random 64-bit map, the item table "
         f"dynamic with {capacity} rows ({s.params.get('capacity_pct', 50)} %, LRU); "
-        "`static`: the file as it is. Same samples, same evaluated candidates."
+        "`static`: the file as it is. Same samples, same evaluated candidates.",
+        "",
+        f"Both: `freescale train --preset {s.params.get('preset')} {sets}` (and the "
+        "dynamic run's data and capacity).",
     ]
     return Result(rows, sections)

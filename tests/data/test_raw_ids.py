@@ -19,6 +19,7 @@ from freescale.config import build_config
 from freescale.data import DataFormatError
 from freescale.data.catalogue import raw_id_map
 from freescale.data.source import id_maps, schema_of
+from freescale.data.stream_check import first_problem
 from freescale.jagged.batch import CAND_IDS, CONTENT_IDS, UIH_IDS
 from freescale.pipeline.setup import make_source
 
@@ -165,6 +166,8 @@ def test_the_stream_takes_any_int64_id_with_a_dynamic_table(tmp_path):
     with pytest.raises(ValueError, match=static):
         source(spec, "data.check=off").batch(0, 0, 1, 40)  # a static table: rows below num_items
     a, b = source(spec, DYNAMIC), source(spec, DYNAMIC)
+    assert first_problem(a) is None  # the check before step 0 takes them too
+    assert "negative item" in first_problem(source(spec))
     seen = {i for u in users for i in u}
     assert a.num_items == len(seen)
     for step in range(3):
@@ -230,3 +233,16 @@ def test_another_file_of_raw_ids_has_the_runs_schema(tmp_path):
         check_schema(schema_of(source(one)), schema_of(source(two)), two, "eval")
     with pytest.raises(ValueError, match=r"eval: .*is not the run's data: uih\.item_ids"):
         check_schema(schema_of(source(one)), a, one, "eval")  # rows vs raw ids
+
+
+@needs_pyarrow
+def test_an_unsigned_id_past_int64_is_one_line_in_the_stream(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    items = pa.array([[1, 2, 3], [4, 2**63 + 5, 6]], type=pa.list_(pa.uint64()))
+    pq.write_table(pa.table({"items": items}), tmp_path / "u.parquet")
+    raw = source(f"parquet-stream:{tmp_path / 'u.parquet'}", DYNAMIC)
+    assert first_problem(raw).endswith(
+        "row group 0, row 1: item 9223372036854775813 does not fit in int64"
+    )
