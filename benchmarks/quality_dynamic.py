@@ -5,17 +5,19 @@ leave-one-out split of the SASRec file ``set.data``:
 
 - ``static``: the file as it is; the reader remaps its ids to rows, and the
   item table has one row per item;
-- ``dynamic``: the file with every item id sent through a fixed random 64-bit
-  map (`freescale.data.catalogue.raw_id_map`, seed ``params.id_seed``; written
-  to the raw folder), the item table dynamic with ``params.capacity_pct`` % of
-  the items as rows (LRU), so the ids reach it raw.
+- ``dynamic``, once per entry of ``params.dynamic`` (``capacity_pct``, and
+  optionally ``evict`` and ``admit_after``): the file with every item id sent
+  through a fixed random 64-bit map (`freescale.data.catalogue.raw_id_map`,
+  seed ``params.id_seed``; written to the raw folder), the item table dynamic
+  with ``capacity_pct`` % of the items as rows, so the ids reach it raw.
 
 Raw ids draw the same negatives as rows (catalogue positions in the same
 order; tests/data/test_raw_ids.py), so both runs read the same samples and are
 evaluated on the same candidates: only the table differs. Rows: the train
 measure's (test HR@10 / NDCG@10, the popularity baseline, best epoch, wall s)
-plus ``table``, ``items``, ``capacity`` and the dynamic table's inserts,
-evictions and last occupancy over the steps (its step JSON lines).
+plus ``table``, ``items``, ``capacity``, ``evict``, ``admit_after`` and the
+dynamic table's inserts, evictions, ids not admitted and last occupancy over
+the steps (its step JSON lines).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from .runner import Ctx, Result
 from .scenario import Scenario, setting
 from .train import run_point
 
-DYNAMIC = ("inserts", "evictions", "not_admitted")
+DYNAMIC = ("inserts", "evictions", "not_admitted")  # summed over the steps
 
 
 def hashed_copy(src: Path, dst: Path, seed: int) -> int:
@@ -59,17 +61,21 @@ def measure(s: Scenario, ctx: Ctx) -> Result:
     src = Path(setting("data", s.set["data"]).partition(":")[2])  # ${FREESCALE_BEAUTY} read
     hashed = ctx.raw / f"{src.stem}-64bit{src.suffix}"
     items = hashed_copy(src, hashed, int(s.params.get("id_seed", 0)))
-    capacity = max(1, items * int(s.params.get("capacity_pct", 50)) // 100)
-    cases = {
-        "static": {},
-        "dynamic": {"data": f"sasrec:{hashed}", "item_capacity": capacity},
-    }
+    cases: dict[str, dict[str, Any]] = {"static": {}}
+    for variant in s.params.get("dynamic", [{"capacity_pct": 50}]):
+        capacity = max(1, items * int(variant["capacity_pct"]) // 100)
+        evict, admit = variant.get("evict", "lru"), int(variant.get("admit_after", 1))
+        cases[f"dynamic-{variant['capacity_pct']}-{evict}-admit{admit}"] = {
+            "data": f"sasrec:{hashed}", "item_capacity": capacity, "item_evict": evict,
+            "item_admit_after": admit,
+        }  # fmt: skip
     rows = []
     for table, sets in cases.items():
         folder = ctx.raw / table  # each run's step log apart (run_point names it by point)
         folder.mkdir(parents=True, exist_ok=True)
         row = run_point(replace(s, set={**s.set, **sets}), {"nproc": s.ranks[0]}, folder)
-        row.update(table=table, items=items, capacity=capacity if sets else None)
+        row.update(table=table.partition("-")[0], items=items)
+        row.update({k: sets.get(f"item_{k}") for k in ("capacity", "evict", "admit_after")})
         if sets:
             counts = dynamic_counts(folder / row["steps_file"])
             row.update({f"dynamic_{k}": v for k, v in counts.items()})
@@ -78,8 +84,8 @@ def measure(s: Scenario, ctx: Ctx) -> Result:
     sets = " ".join(f"--set {setting(k, v)}" for k, v in s.set.items())
     sections = [
         f"`dynamic`: the file's {items} item ids through a random 64-bit map, the item table "
-        f"dynamic with {capacity} rows ({s.params.get('capacity_pct', 50)} %, LRU); "
-        "`static`: the file as it is. Same samples, same evaluated candidates.",
+        "dynamic with `capacity` rows (`evict`, `admit_after`); `static`: the file as it is. "
+        "Same samples, same evaluated candidates.",
         "",
         f"Both: `freescale train --preset {s.params.get('preset')} {sets}` (and the "
         "dynamic run's data and capacity).",

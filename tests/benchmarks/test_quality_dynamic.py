@@ -29,9 +29,13 @@ def test_both_runs_are_valid_configs_of_the_recipe(smoke, monkeypatch):
     s = s.smoked() if smoke else s
     sets = [setting(k, v) for k, v in s.set.items()]
     static = build_config(s.params["preset"], sets)
-    dynamic = build_config(s.params["preset"], [*sets, setting("item_capacity", 6050)])
+    for variant in s.params["dynamic"]:
+        table = [setting("item_capacity", 6050), setting("item_evict", variant.get("evict", "lru"))]
+        dynamic = build_config(s.params["preset"], [*sets, *table, setting("item_admit_after", 2)])
+        spec = dynamic.embeddings.dynamics()["item_emb"]
+        assert dynamic.raw_item_ids() and spec.capacity == 6050 and spec.admit_after == 2
+        assert spec.evict == variant.get("evict", "lru")
     assert static.data.source == "sasrec:/data/beauty.txt" and not static.raw_item_ids()
-    assert dynamic.raw_item_ids() and dynamic.embeddings.dynamics()["item_emb"].capacity == 6050
     assert static.run.batch_size == dynamic.run.batch_size
 
 
