@@ -39,7 +39,8 @@ from typing import Any
 
 SCENARIOS = Path(__file__).resolve().parent / "scenarios"
 MEASURES = ("train", "ab", "kernels", "interference", "comm", "embedding", "sim_project",
-            "sim_validate", "stream", "hstu", "attention", "serving", "dynamic_table")  # fmt: skip
+            "sim_validate", "stream", "hstu", "attention", "serving", "dynamic_table",
+            "quality_dynamic")  # fmt: skip
 DEVICES = ("cuda", "cpu", "any")
 
 

@@ -69,7 +69,7 @@ def run_eval(args: argparse.Namespace) -> int:
 
     check_launch(cfg)
     try:
-        source = check_data(cfg.data, cfg.run, cfg.run.nproc)
+        source = check_data(cfg, cfg.run.nproc)
     except ValueError as e:  # the line names the command that runs
         raise ValueError(str(e) if str(e).startswith("eval:") else f"eval: {e}") from None
     record = manifest.get("data")

@@ -26,6 +26,8 @@ DEVICES = ("auto", "cpu", "cuda")
 # embeddings.tables.<name>.<key>: where its shard lives, and a dynamic table's keys
 TABLE_KEYS = ("placement", "capacity", "evict", "admit_after")
 BUILTIN_MODEL = "freescale.models.sequence:build"
+ITEM_TABLE = "item_emb"  # the built-in models' item table (its module path)
+RAW_IDS = ("auto", "on", "off")
 LR_DECAYS = ("none", "linear", "cosine")
 BEST_METRICS = ("hr@10", "ndcg@10", "auc")
 DROPOUT_KEYS = ("emb_dropout", "attn_dropout", "ffn_dropout")  # the built-in models' options
@@ -39,6 +41,15 @@ def _integer(name: str, value: Any) -> int:
         return int(value)
     except ValueError:
         raise ValueError(f"{name} must be an integer, got {value!r}") from None
+
+
+def _on_off(value: Any) -> Any:
+    """A switch given as a boolean (a file's ``true``, ``--set`` text) as ``on``/``off``."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return "on" if value.lower() == "true" else "off"
+    return value
 
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
@@ -123,6 +134,10 @@ class DataSection:
     # file data: a folder of id maps (`ids/` of a checkpoint, an export or `data convert`)
     # the readers remap raw ids through, instead of in order of first appearance
     ids: str = ""
+    # item ids as the data's own int64 ids, not rows 0..N-1 (`freescale.data.catalogue`):
+    # auto = file data keeps them where the item table (embeddings.tables.item_emb) is
+    # dynamic; on = file data keeps them, synthetic data maps its rows to 64-bit ids
+    raw_ids: str = "auto"
 
     def __post_init__(self) -> None:
         """The data's own configs check the values (`synthetic_configs`); here
@@ -132,6 +147,8 @@ class DataSection:
         from freescale.data.source import absolute_source
 
         object.__setattr__(self, "source", absolute_source(self.source))
+        object.__setattr__(self, "raw_ids", _on_off(self.raw_ids))
+        _choice("data.raw_ids", self.raw_ids, RAW_IDS)
         if self.ids:
             object.__setattr__(self, "ids", os.path.abspath(os.path.expanduser(self.ids)))
         if not isinstance(self.options, dict):
@@ -142,6 +159,14 @@ class DataSection:
             raise ValueError(
                 f"data.source must be one of {', '.join(BUILTIN_KINDS)} (with :PATH for files),"
                 f" or your own data factory as {FORM}; got {self.source!r}"
+            )
+        if self.raw_ids == "on" and self.source.partition(":")[0] not in BUILTIN_KINDS:
+            raise ValueError(
+                "data.raw_ids is for the built-in sources; a data factory's ids are its own"
+            )
+        if self.raw_ids == "on" and self.ids:
+            raise ValueError(
+                "data.ids remaps item ids to rows, data.raw_ids=on keeps them: set one"
             )
         if self.loader_workers < -1:
             raise ValueError(
@@ -169,7 +194,7 @@ class DataSection:
         synthetic = SyntheticConfig(
             num_items=self.num_items, zipf_alpha=self.zipf_alpha, max_uih=self.max_uih,
             lengths=lengths, max_candidates=self.max_candidates, max_content=self.max_content,
-            seed=seed, step_overlap=self.step_overlap,
+            seed=seed, step_overlap=self.step_overlap, raw_ids=self.raw_ids == "on",
         )  # fmt: skip
         sampling = SequenceSampling(
             max_uih=self.max_uih, samples_per_user=self.samples_per_user,

@@ -8,6 +8,7 @@ from typing import Any
 
 from freescale.config.sections import (
     DROPOUT_KEYS,
+    ITEM_TABLE,
     SECTIONS,
     BalanceSection,
     CheckpointSection,
@@ -62,6 +63,11 @@ class TrainConfig:
             raise ValueError(
                 f"model.{dropout[0]} needs eager dense blocks (dense.graphs and dense.compile off)"
             )
+        if self.data.ids and self.data.raw_ids == "auto" and self.raw_item_ids():
+            raise ValueError(
+                f"data.ids remaps item ids to rows, but embeddings.tables.{ITEM_TABLE} is "
+                "dynamic and takes the data's own ids: set data.raw_ids=off to remap them"
+            )
         if self.evaluation.every_epochs and not self.run.epochs:
             raise ValueError("evaluation.every_epochs needs run.epochs (file data)")
         dynamic = sorted(self.embeddings.dynamics())
@@ -72,6 +78,17 @@ class TrainConfig:
             )
         if not self.run.epochs:  # else once the data gives the steps (`setup.resolve_epochs`)
             self.check_warmups(self.run.steps)
+
+    def raw_item_ids(self) -> bool:
+        """Whether the data keeps its own item ids (``data.raw_ids``; ``auto``: file
+        data does where the item table is dynamic, `freescale.data.catalogue`)."""
+        if self.data.raw_ids != "auto":
+            return self.data.raw_ids == "on"
+        from freescale.data.source import BUILTIN_KINDS
+
+        kind = self.data.source.partition(":")[0]
+        file_data = kind in BUILTIN_KINDS and kind != "synthetic"
+        return file_data and ITEM_TABLE in self.embeddings.dynamics()
 
     def check_warmups(self, steps: int) -> None:
         """The lr warm-ups end before the run's ``steps`` do."""

@@ -19,7 +19,8 @@ One row per user, list columns:
 
 Parquet files hold real list columns; in a CSV file each list is one field
 of space-separated integers (``"12 7 33"``). Ids follow the rules of the
-text readers: non-negative integers, remapped in order of first appearance.
+text readers: non-negative integers, remapped in order of first appearance
+(``raw``: any int64, kept as they are).
 Feature values are not remapped: they index the feature's table as written.
 """
 
@@ -32,11 +33,13 @@ from typing import Any
 import numpy as np
 
 from freescale.data.readers import (
+    INT64,
     DataFormatError,
     SequenceDataset,
     UserHistory,
     _Vocab,
     check_file,
+    keep_raw_ids,
 )
 from freescale.jagged.schema import DataSchema, Feature
 
@@ -103,11 +106,13 @@ def read_columns(
     fmt: str | None = None,
     features: str | Sequence[str] | None = None,
     ids: np.ndarray | None = None,
+    raw: bool = False,
 ) -> SequenceDataset:
     """A Parquet file, or a CSV file with space-separated lists (``fmt``
     ``"parquet"`` or ``"csv"``; by default the file's suffix decides);
     ``features``: the extra columns to carry (`parse_features`); ``ids``: a map
-    to remap item ids through (`freescale.data.readers.read_sasrec`)."""
+    to remap item ids through, ``raw``: keep them as written
+    (`freescale.data.readers.read_sasrec`)."""
     wanted = parse_features(features)
     path = check_file(path)
     pa = _pyarrow()
@@ -137,24 +142,24 @@ def read_columns(
     for r in range(table.num_rows):
         where = f"row {r + first_row}"
         lists = {
-            c: _as_ints(path, where, c, v[r], csv_file)
+            c: _as_ints(path, where, c, v[r], csv_file, raw and c == "items")
             for c, v in columns.items()
             if c not in nested
         }
         n = len(lists["items"])
         contents = {c: _as_lists(path, where, c, columns[c][r], csv_file, n) for c in nested}
-        users.append(_history(path, where, lists, vocab, flat, contents))
-    raw = vocab.raw_ids()
+        users.append(_history(path, where, lists, vocab, flat, contents, raw))
+    item_ids = vocab.raw_ids()
     dataset = SequenceDataset(
         users,
-        raw.size,
+        item_ids.size,
         1 + max((int(h.actions.max(initial=0)) for h in users), default=0),
         path.name,
-        item_ids=raw,
+        item_ids=item_ids,
     )
-    if wanted:
-        _add_features(path, dataset, wanted, raw.tolist(), first_row)
-    return dataset
+    if wanted:  # by row: a raw id's row is its catalogue position
+        _add_features(path, dataset, wanted, item_ids.tolist(), first_row)
+    return keep_raw_ids(dataset) if raw else dataset
 
 
 def _history(
@@ -164,10 +169,12 @@ def _history(
     vocab: _Vocab | None,
     extra: list[str],
     contents: dict[str, list[list[int]]] | None = None,
+    raw: bool = False,
 ) -> UserHistory:
     """One row: its columns checked, as one user's history in time order
     (``vocab``: how raw item ids are remapped; None keeps them as given;
-    ``contents``: the content-level columns, a list per event)."""
+    ``contents``: the content-level columns, a list per event; ``raw``: items
+    are any int64, negative ones too)."""
     items = lists["items"]
     n = len(items)
     for c, values in {**lists, **(contents or {})}.items():
@@ -177,9 +184,13 @@ def _history(
     bad = [a for a in actions if not 0 <= a < MAX_ACTIONS]
     if bad:
         raise DataFormatError(path, where, f"action {bad[0]} is outside 0..{MAX_ACTIONS - 1}")
-    for name, values in (("item", items), ("timestamp", lists.get("timestamps", []))):
+    signs = [("timestamp", lists.get("timestamps", []))]
+    for name, values in ([] if raw else [("item", items)]) + signs:
         if any(v < 0 for v in values):
             raise DataFormatError(path, where, f"negative {name} {min(values)}")
+    wide = [v for v in items if not INT64[0] <= v <= INT64[1]]
+    if wide:
+        raise DataFormatError(path, where, f"item {wide[0]} does not fit in int64")
     for c in extra:
         if any(v < 0 for v in lists[c]):
             raise DataFormatError(path, where, f"{c} value {min(lists[c])} is negative")
@@ -354,14 +365,19 @@ def _as_lists(
     return [_as_ints(path, where, column, v, False) for v in value]
 
 
-def _as_ints(path: Path | str, where: str, column: str, value: Any, from_text: bool) -> list[int]:
+def _as_ints(
+    path: Path | str, where: str, column: str, value: Any, from_text: bool, signed: bool = False
+) -> list[int]:
+    """A list field's integers (``signed``: a leading ``-`` allowed in text)."""
     if value is None:
         raise DataFormatError(path, where, f"{column} is empty (null)")
     if from_text:
         parts = value.split()
         for p in parts:
-            if not (p.isascii() and p.isdigit()):
-                raise DataFormatError(path, where, f"{column} value {p!r} is not an integer >= 0")
+            digits = p[1:] if signed and p.startswith("-") else p
+            if not (digits.isascii() and digits.isdigit()):
+                kind = "an integer" if signed else "an integer >= 0"
+                raise DataFormatError(path, where, f"{column} value {p!r} is not {kind}")
         return [int(p) for p in parts]
     if not isinstance(value, list):
         raise DataFormatError(path, where, f"{column} is not a list column")

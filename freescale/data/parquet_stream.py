@@ -11,7 +11,12 @@ with two differences:
 - **Ids as given.** Item ids are not remapped (that needs a pass over all
   the data): they are integers in ``[0, num_items)``. ``num_items`` is the
   file metadata key ``freescale.num_items`` when the first file has it,
-  else ``data.num_items``. ``num_actions`` likewise: ``freescale.num_actions``,
+  else ``data.num_items``. Raw ids (``raw``: a dynamic item table takes
+  them, `freescale.data.catalogue`) are any int64 instead, no ``num_items``
+  needed: negatives are drawn from the ids the data has, found by one pass
+  over every ``items`` column when first needed (each rank: memory 8 bytes
+  per distinct item), which also gives ``num_items`` (their count).
+  ``num_actions`` likewise: ``freescale.num_actions``,
   else the option ``data.num_actions``, else ``MAX_ACTIONS`` (1 without an
   ``actions`` column). Extra features (``data.features``) must be ``uih``
   level with ROWS given; candidates-level features need a per-item table,
@@ -71,6 +76,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from freescale.data.catalogue import Catalogue
 from freescale.data.columnar import MAX_ACTIONS, _as_ints, _history, _pyarrow, parse_features
 from freescale.data.parquet_files import ID_BITS, metadata_int, scan_files
 from freescale.data.readers import DataFormatError, UserHistory
@@ -108,8 +114,10 @@ class ParquetStreamSource(SegmentedStream):
         shuffle_buffer: int | str = DEFAULT_SHUFFLE_BUFFER,
         num_actions: int | str | None = None,
         check: bool | str = True,
+        raw: bool = False,
     ) -> None:
         self.check = _switch("data.check", check)
+        self.raw = raw
         self.sampling = sampling or SequenceSampling()
         wanted = parse_features(features)
         for name, level, rows in wanted:
@@ -122,13 +130,15 @@ class ParquetStreamSource(SegmentedStream):
         self.extra = [name for name, _, _ in wanted]
         self.files = scan_files(spec, self.extra)
         self.spec = spec
-        self.num_items = metadata_int(self.files, "num_items", num_items)
+        self._rows_catalogue = (
+            None if raw else Catalogue(metadata_int(self.files, "num_items", num_items))
+        )
+        self._raw_catalogue: Catalogue | None = None
         given = None if num_actions is None else _positive("data.num_actions", num_actions)
         default = MAX_ACTIONS if "actions" in self.files.columns else 1
         self.num_actions = metadata_int(self.files, "num_actions", given) or default
         self.features = tuple(Feature(name, "uih", rows) for name, _, rows in wanted)
         self.rows = {name: rows for name, _, rows in wanted}
-        self.schema = DataSchema.standard(self.num_items, self.num_actions, self.features)
         self._counts: dict[int, int] = {}  # piece -> training samples (cached, small)
         # per stream (`rank_stream`'s key): where it was last read, the window in
         # memory (its key, its samples in stream order, their shuffled order)
@@ -136,6 +146,39 @@ class ParquetStreamSource(SegmentedStream):
         self._window: dict[tuple, tuple[tuple, list, np.ndarray]] = {}
         self._plans: dict[tuple, list] = {}  # the rank streams of each resumed run
         self._windows: dict[tuple[int, int], tuple[int, list[np.ndarray]]] = {}  # one epoch's
+
+    # ---- the items -----------------------------------------------------------
+    @property
+    def catalogue(self) -> Catalogue:
+        """Where negatives come from: rows below ``num_items``, or (raw ids) the
+        ids the data has, sorted (one pass over the ``items`` columns, kept)."""
+        if self._rows_catalogue is not None:
+            return self._rows_catalogue
+        if self._raw_catalogue is None:
+            self._raw_catalogue = Catalogue(0, self._distinct_items())
+        return self._raw_catalogue
+
+    @property
+    def num_items(self) -> int:
+        return self.catalogue.size
+
+    @property
+    def schema(self) -> DataSchema:
+        return DataSchema.standard(
+            self.num_items, self.num_actions, self.features, raw_items=self.raw
+        )
+
+    def _distinct_items(self) -> np.ndarray:
+        import pyarrow.compute as pc
+
+        found = np.zeros(0, dtype=np.int64)
+        for piece in range(self.files.piece_rows.size):
+            items = self._read(piece, ["items"]).column("items")
+            values = pc.list_flatten(items).drop_null().to_numpy(zero_copy_only=False)
+            if values.dtype == np.uint64 and values.size and values.max() > np.iinfo(np.int64).max:
+                self._histories(piece)  # names the row, as the check does (data.check=off)
+            found = np.union1d(found, values.astype(np.int64))
+        return found
 
     # ---- the DataSource protocol -------------------------------------------
     def num_steps(self, world_size: int, batch_size: int) -> int | None:
@@ -221,7 +264,7 @@ class ParquetStreamSource(SegmentedStream):
         _, items, order = held
         sid, history, t = items[int(order[start + q - first])]
         rng = np.random.default_rng([self.sampling.seed, 0x57E, epoch, sid])
-        return sid, training_sample(history, t, self.sampling, self.num_items, rng, {})
+        return sid, training_sample(history, t, self.sampling, self.catalogue, rng, {})
 
     def sample_at(self, q: int, rank: int, world_size: int) -> tuple[int, Any]:
         """(id, `RawSample`) at position ``q`` of ``rank``'s stream in a run that
@@ -300,14 +343,18 @@ class ParquetStreamSource(SegmentedStream):
         for r in range(table.num_rows):
             where = f"row group {group}, row {first + r}"
             lists = {c: _as_ints(path, where, c, v[r], False) for c, v in columns.items()}
-            history = _history(path, where, lists, None, self.extra)
+            history = _history(path, where, lists, None, self.extra, raw=self.raw)
             self._check_range(path, where, history)
             out.append((first + r, history))
         return out
 
     def _check_range(self, path: str, where: str, h: UserHistory) -> None:
         """The bounds a streamed row cannot be remapped into: ids, actions, features."""
-        checks = [("items", h.items, self.num_items, "data.num_items / freescale.num_items")]
+        checks = (
+            []
+            if self.raw
+            else [("items", h.items, self.num_items, "data.num_items / freescale.num_items")]
+        )
         checks.append(("actions", h.actions, self.num_actions, "freescale.num_actions"))
         checks += [(c, h.features[c], self.rows[c], f"data.features {c}") for c in self.extra]
         for column, values, limit, setting in checks:

@@ -1,9 +1,12 @@
 """Readers for real interaction data: SASRec-style sequence files and MovieLens.
 
 Both produce a `SequenceDataset`: one chronological history per user, item
-ids remapped to ``[0, num_items)`` in order of first appearance. Raw ids are
-parsed as integers (``10`` and ``010`` are one id); a sign, a non-ASCII
-digit or a byte that is not UTF-8 is an error naming the file and line.
+ids remapped to ``[0, num_items)`` in order of first appearance, or, with
+``raw`` (a dynamic item table takes them: `freescale.data.catalogue`), kept
+as the file's own int64 ids. Raw ids are parsed as integers (``10`` and
+``010`` are one id); a sign (but on an item kept raw), an id beyond int64,
+a non-ASCII digit or a byte that is not UTF-8 is an error naming the file
+and line.
 The action count comes from the data (largest action + 1), so the model's
 action table can never be too small for it.
 """
@@ -23,6 +26,7 @@ from freescale.jagged.schema import Feature
 # MovieLens ratings: 0.5 to 5 stars in half-star steps (ml-latest); ml-1m/10m use
 # whole stars. The action is the rating in half stars, 1..10, so no rating is lost.
 RATING_RANGE = (0.5, 5.0)
+INT64 = (-(2**63), 2**63 - 1)
 
 
 class DataFormatError(ValueError):
@@ -61,6 +65,9 @@ class SequenceDataset:
     item_content: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     # the raw id of each item row (`freescale.data.ids`); None: ids were taken as given
     item_ids: np.ndarray | None = None
+    # the histories hold those raw ids, not rows (`keep_raw_ids`); per-item
+    # tables stay by row, i.e. by position in ``item_ids``
+    raw_ids: bool = False
 
 
 class _Vocab:
@@ -111,17 +118,35 @@ def text_lines(path: Path) -> Iterator[tuple[int, str]]:
             yield line_no, text
 
 
-def parse_id(path: Path, where: int | str, what: str, text: str) -> int:
-    """A non-negative integer written with ASCII digits only."""
-    if not (text.isascii() and text.isdigit()):
-        raise DataFormatError(path, where, f"{what} {text!r} is not a non-negative integer")
-    return int(text)
+def parse_id(path: Path, where: int | str, what: str, text: str, signed: bool = False) -> int:
+    """A non-negative integer written with ASCII digits only (``signed``: an
+    int64, a leading ``-`` allowed)."""
+    digits = text[1:] if signed and text.startswith("-") else text
+    if not (digits.isascii() and digits.isdigit()):
+        kind = "an integer" if signed else "a non-negative integer"
+        raise DataFormatError(path, where, f"{what} {text!r} is not {kind}")
+    value = int(text)
+    if not INT64[0] <= value <= INT64[1]:
+        raise DataFormatError(path, where, f"{what} {value} does not fit in int64")
+    return value
 
 
-def read_sasrec(path: str | Path, ids: np.ndarray | None = None) -> SequenceDataset:
+def keep_raw_ids(dataset: SequenceDataset) -> SequenceDataset:
+    """``dataset`` with its histories' item rows replaced by the raw ids they
+    were read as (per-item tables stay by row: a row is a catalogue position)."""
+    assert dataset.item_ids is not None
+    for h in dataset.users:
+        h.items = dataset.item_ids[h.items]
+    dataset.raw_ids = True
+    return dataset
+
+
+def read_sasrec(
+    path: str | Path, ids: np.ndarray | None = None, raw: bool = False
+) -> SequenceDataset:
     """A file of ``user item`` lines (whitespace separated), in chronological
     order per user (the format SASRec and its successors ship); ``ids``: a map
-    to remap through (`_Vocab`)."""
+    to remap through (`_Vocab`); ``raw``: keep the item ids as written."""
     path = check_file(path)
     vocab, users = _Vocab(path, ids), {}
     for line_no, line in text_lines(path):
@@ -131,17 +156,19 @@ def read_sasrec(path: str | Path, ids: np.ndarray | None = None) -> SequenceData
         if len(parts) != 2:
             raise DataFormatError(path, line_no, f"expected 'user item', got {line.strip()!r}")
         user = parse_id(path, line_no, "user", parts[0])
-        item = parse_id(path, line_no, "item", parts[1])
+        item = parse_id(path, line_no, "item", parts[1], raw)
         users.setdefault(user, []).append((vocab(item, line_no), 0, line_no))
-    return _dataset(users, vocab, path.name)
+    return _dataset(users, vocab, path.name, raw)
 
 
-def read_movielens(path: str | Path, ids: np.ndarray | None = None) -> SequenceDataset:
+def read_movielens(
+    path: str | Path, ids: np.ndarray | None = None, raw: bool = False
+) -> SequenceDataset:
     """MovieLens ``ratings.dat`` (``user::movie::rating::timestamp``) or
     ``ratings.csv`` (header ``userId,movieId,rating,timestamp``).
     Histories are sorted by timestamp (stable); the action is the rating in
-    half stars (``RATING_RANGE`` is checked: 3.5 stars -> action 7); ``ids``:
-    as `read_sasrec`'s."""
+    half stars (``RATING_RANGE`` is checked: 3.5 stars -> action 7); ``ids``,
+    ``raw``: as `read_sasrec`'s."""
     path = check_file(path)
     vocab, users = _Vocab(path, ids), {}
     lines = text_lines(path)
@@ -165,13 +192,13 @@ def read_movielens(path: str | Path, ids: np.ndarray | None = None) -> SequenceD
             raise DataFormatError(path, line_no, f"expected 4 fields, got {len(fields)}")
         user, item, rating, ts = (x.strip() for x in fields)
         u = parse_id(path, line_no, "user", user)
-        i = parse_id(path, line_no, "movie", item)
+        i = parse_id(path, line_no, "movie", item, raw)
         t = parse_id(path, line_no, "timestamp", ts)
         event = (vocab(i, line_no), rating_action(path, line_no, rating), t)
         users.setdefault(u, []).append(event)
     for events in users.values():
         events.sort(key=lambda e: e[2])
-    return _dataset(users, vocab, path.name)
+    return _dataset(users, vocab, path.name, raw)
 
 
 def rating_action(path: Path, line_no: int, text: str) -> int:
@@ -189,11 +216,14 @@ def rating_action(path: Path, line_no: int, text: str) -> int:
     return round(half_stars)
 
 
-def _dataset(users: dict[int, list[tuple[int, int, int]]], vocab: _Vocab, name: str):
+def _dataset(
+    users: dict[int, list[tuple[int, int, int]]], vocab: _Vocab, name: str, raw: bool = False
+) -> SequenceDataset:
     histories, top_action = [], 0
     for events in users.values():
         arr = np.asarray(events, dtype=np.int64).reshape(-1, 3)
         histories.append(UserHistory(arr[:, 0].copy(), arr[:, 1].copy(), arr[:, 2].copy()))
         top_action = max(top_action, int(arr[:, 1].max(initial=0)))
-    raw = vocab.raw_ids()
-    return SequenceDataset(histories, raw.size, top_action + 1, name, item_ids=raw)
+    ids = vocab.raw_ids()
+    dataset = SequenceDataset(histories, ids.size, top_action + 1, name, item_ids=ids)
+    return keep_raw_ids(dataset) if raw else dataset

@@ -22,6 +22,10 @@ failing check names the problem):
    column below its ROWS (when known: ``data split`` carries columns it
    does not size).
 
+Raw item ids (``raw_items``, a dynamic item table's: `freescale.data.catalogue`)
+are any int64: 4. and 6. do not apply to them; an unsigned column's value past
+int64 is then the problem, at 6.'s place.
+
 Unsorted timestamps are not a problem: readers sort rows by them, stably.
 """
 
@@ -33,10 +37,12 @@ from typing import Any
 import numpy as np
 
 from freescale.data.columnar import MAX_ACTIONS
+from freescale.data.readers import INT64
 from freescale.data.sequences import SequenceSampling
 
 # where the item and action limits come from, as the messages name them
 STREAM_LIMITS = ("data.num_items / freescale.num_items", "freescale.num_actions")
+SIGNED = (("items", "item"), ("timestamps", "timestamp"))  # columns that hold no negative
 
 
 @dataclass(frozen=True)
@@ -50,16 +56,19 @@ class RowRules:
     rows: dict[str, int]  # per extra column: its table's rows (absent: no upper bound)
     sampling: SequenceSampling = field(default_factory=SequenceSampling)
     limits_from: tuple[str, str] = STREAM_LIMITS
+    raw_items: bool = False  # items: any int64 (``num_items`` then bounds nothing)
 
     @staticmethod
     def of(source: Any) -> RowRules:
+        raw = bool(getattr(source, "raw", False))
         return RowRules(
             list(source.files.columns),
             list(source.extra),
-            source.num_items,
+            0 if raw else source.num_items,  # (a raw stream's count needs a pass: not asked)
             source.num_actions,
             dict(source.rows),
             source.sampling,
+            raw_items=raw,
         )
 
 
@@ -138,6 +147,8 @@ def first_bad_row(columns: dict[str, ListColumn], rules: RowRules) -> tuple[int,
 
 def _bad_values(name: str, values: np.ndarray, rules: RowRules) -> np.ndarray:
     """The values of column ``name`` that fail a value check (3.-6. of the module)."""
+    if name == "items" and rules.raw_items:
+        return values > INT64[1] if values.dtype == np.uint64 else np.zeros(values.size, bool)
     if name == "items":
         top = rules.num_items
     elif name == "actions":
@@ -168,14 +179,18 @@ def _why(columns: dict[str, ListColumn], r: int, rules: RowRules) -> str:
         bad = (actions < 0) | (actions >= MAX_ACTIONS)
         if bad.any():
             return f"action {int(actions[np.argmax(bad)])} is outside 0..{MAX_ACTIONS - 1}"
-    for c, word in (("items", "item"), ("timestamps", "timestamp")):
+    signed = (("timestamps", "timestamp"),) if rules.raw_items else SIGNED
+    for c, word in signed:
         if c in values and values[c].size and values[c].min() < 0:
             return f"negative {word} {int(values[c].min())}"
     for c in rules.extra:
         if values[c].size and values[c].min() < 0:
             return f"{c} value {int(values[c].min())} is negative"
+    if rules.raw_items and values["items"].size and values["items"].max() > INT64[1]:
+        return f"item {int(values['items'].max())} does not fit in int64"
     item_limit, action_limit = rules.limits_from
-    limits = [("items", rules.num_items, item_limit), ("actions", rules.num_actions, action_limit)]
+    limits = [("items", rules.num_items, item_limit)] if not rules.raw_items else []
+    limits.append(("actions", rules.num_actions, action_limit))
     limits += [(c, rules.rows[c], f"data.features {c}") for c in rules.extra if c in rules.rows]
     for c, top, setting in limits:
         if c in values and values[c].size and values[c].max() >= top:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from freescale.data.catalogue import Catalogue
 from freescale.data.ids import ITEMS
 from freescale.data.readers import SequenceDataset, UserHistory
 from freescale.data.stream import SampleStream
@@ -42,8 +43,9 @@ class SequenceSampling:
     Training sample at target position t: UIH = the (at most ``max_uih``)
     items before t; candidates = the ``num_positives`` items from t on
     (label 1) plus ``num_negatives`` items drawn uniformly from the
-    vocabulary (label 0; an accidental hit on a real next item stays a
-    negative, as in the usual sampled-softmax set-up), shuffled. Targets per
+    catalogue (`freescale.data.catalogue`; label 0; an accidental hit on a
+    real next item stays a negative, as in the usual sampled-softmax
+    set-up), shuffled. Targets per
     user: the last allowed one, then every ``stride`` items earlier, at most
     ``samples_per_user`` of them (0: all the way to the first item).
 
@@ -83,10 +85,16 @@ class SequenceSource(SampleStream):
         self.sampling = s = sampling or SequenceSampling()
         self.num_items = dataset.num_items
         self.num_actions = dataset.num_actions
+        # raw ids: the items in the reader's order (positions index the per-item tables)
+        raw = dataset.item_ids if dataset.raw_ids else None
+        self.catalogue = Catalogue(dataset.num_items, raw)
         # the standard features plus the dataset's own (`freescale.data.columnar`)
-        self.schema = DataSchema.standard(self.num_items, self.num_actions, dataset.features)
+        self.schema = DataSchema.standard(
+            self.num_items, self.num_actions, dataset.features, raw_items=dataset.raw_ids
+        )
         # the catalogue's own id of each row (`freescale.data.ids`), where the reader remapped
-        self.id_maps = {} if dataset.item_ids is None else {ITEMS: dataset.item_ids}
+        remapped = dataset.item_ids is not None and not dataset.raw_ids
+        self.id_maps = {ITEMS: dataset.item_ids} if remapped else {}
         index = []
         self.eval_users: list[int] = []
         self.users_dropped = 0  # too short for any training or evaluation sample
@@ -139,7 +147,7 @@ class SequenceSource(SampleStream):
         u, t = self.sample_at(p)
         rng = np.random.default_rng([self.sampling.seed, p])
         return training_sample(
-            self.dataset.users[u], t, self.sampling, self.num_items, rng,
+            self.dataset.users[u], t, self.sampling, self.catalogue, rng,
             self.dataset.item_features, max_uih, self.dataset.item_content,
         )  # fmt: skip
 
@@ -169,7 +177,7 @@ class SequenceSource(SampleStream):
         u, t = self.eval_target(split, j)
         h = self.dataset.users[u]
         return evaluation_sample(
-            h, t, h.items, split, j, self.sampling, self.num_items, self.dataset.item_features,
+            h, t, h.items, split, j, self.sampling, self.catalogue, self.dataset.item_features,
             self.dataset.item_content,
         )  # fmt: skip
 
@@ -186,10 +194,12 @@ class SequenceSource(SampleStream):
         return samples_to_batch(samples, ids, 0, self.dataset.features)
 
     def popularity(self) -> np.ndarray:
-        """Interactions per item over the training part of every history."""
+        """Interactions per item over the training part of every history, by
+        catalogue position."""
         counts = np.zeros(self.num_items, dtype=np.int64)
         for h in self.dataset.users:
-            np.add.at(counts, h.items[: max(h.items.size - self.sampling.holdout, 0)], 1)
+            trained = h.items[: max(h.items.size - self.sampling.holdout, 0)]
+            np.add.at(counts, self.catalogue.positions(trained), 1)
         return counts
 
 
@@ -200,21 +210,21 @@ def evaluation_sample(
     split: str,
     j: int,
     s: SequenceSampling,
-    num_items: int,
+    items: Catalogue,
     item_features: dict[str, np.ndarray],
     item_content: ItemContent | None = None,
 ) -> RawSample:
     """Evaluated user ``j``'s sample of ``split``: UIH = the (at most ``max_uih``)
     events of ``h`` before its target ``t``; candidates = the target plus
-    ``eval_negatives`` items not in ``seen`` (all the user's items), drawn
-    with (``EVAL_SEED``, split, j). The in-memory and the split sources share it."""
+    ``eval_negatives`` items of ``items`` not in ``seen`` (all the user's items),
+    drawn with (``EVAL_SEED``, split, j). The in-memory and the split sources share it."""
     lo = max(0, t - s.max_uih)
     rng = np.random.default_rng([EVAL_SEED, SPLITS.index(split), j])
-    neg = eval_negatives(rng, seen, num_items, s.eval_negatives)
+    neg = items.ids(eval_negatives(rng, items.positions(seen), items.size, s.eval_negatives))
     cand = np.concatenate([h.items[t : t + 1], neg])
     labels = np.zeros(cand.size)
     labels[0] = 1.0
-    return history_sample(h, lo, t, cand, labels, item_features, item_content)
+    return history_sample(h, lo, t, cand, labels, item_features, item_content, items)
 
 
 def training_targets(n: int, s: SequenceSampling) -> range:
@@ -228,21 +238,21 @@ def training_sample(
     h: UserHistory,
     t: int,
     s: SequenceSampling,
-    num_items: int,
+    items: Catalogue,
     rng: np.random.Generator,
     item_features: dict[str, np.ndarray],
     max_uih: int | None = None,
     item_content: ItemContent | None = None,
 ) -> RawSample:
     """The training sample of ``h`` at target ``t`` (`SequenceSampling`), its
-    negatives drawn from ``rng``."""
+    negatives drawn from ``items`` with ``rng``."""
     lo = max(0, t - (s.max_uih if max_uih is None else max_uih))
     pos = h.items[t : t + s.num_positives]
-    neg = rng.integers(0, num_items, s.num_negatives)
+    neg = items.draw(rng, s.num_negatives)
     order = rng.permutation(pos.size + neg.size)
     cand = np.concatenate([pos, neg])[order]
     labels = np.concatenate([np.ones(pos.size), np.zeros(neg.size)])[order]
-    return history_sample(h, lo, t, cand, labels, item_features, item_content)
+    return history_sample(h, lo, t, cand, labels, item_features, item_content, items)
 
 
 def history_sample(
@@ -253,18 +263,21 @@ def history_sample(
     labels: np.ndarray,
     item_features: dict[str, np.ndarray],
     item_content: ItemContent | None = None,
+    items: Catalogue | None = None,
 ) -> RawSample:
     """The sample of history ``h``: UIH = events ``[lo, t)``, every per-event
     feature sliced with the items; a candidate's features are its item's, and
     so is its content (``item_content``: each content feature's (offsets,
     values) by item; ``content_ids`` then names the candidate's own item once
-    per content item, so every content feature shares one segment per candidate)."""
+    per content item, so every content feature shares one segment per candidate).
+    Per-item tables are by catalogue position (``items``; None: ids are positions)."""
     cand = cand.astype(np.int64)
+    at = cand if items is None or not (item_features or item_content) else items.positions(cand)
     lengths, gathered = np.zeros(cand.size, dtype=np.int64), {}
     for name, (offsets, values) in (item_content or {}).items():
-        lengths = offsets[cand + 1] - offsets[cand]
+        lengths = offsets[at + 1] - offsets[at]
         within = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-        gathered[name] = values[np.repeat(offsets[cand], lengths) + within]
+        gathered[name] = values[np.repeat(offsets[at], lengths) + within]
     return RawSample(
         uih_ids=h.items[lo:t],
         actions=h.actions[lo:t],
@@ -275,7 +288,7 @@ def history_sample(
         content_ids=np.repeat(cand, lengths),
         dense=np.zeros(0, dtype=np.float32),
         uih_features={name: values[lo:t] for name, values in h.features.items()},
-        cand_features={name: table[cand] for name, table in item_features.items()},
+        cand_features={name: table[at] for name, table in item_features.items()},
         content_features=gathered,
     )
 
@@ -283,7 +296,8 @@ def history_sample(
 def eval_negatives(
     rng: np.random.Generator, history: np.ndarray, num_items: int, count: int
 ) -> np.ndarray:
-    """``count`` distinct items not in ``history`` (all of them if fewer exist)."""
+    """``count`` distinct items of ``0..num_items-1`` not in ``history`` (all of
+    them if fewer exist); catalogue positions, for raw ids (`evaluation_sample`)."""
     seen = np.unique(history)
     if num_items - seen.size <= count:
         return np.setdiff1d(np.arange(num_items), seen)

@@ -68,6 +68,7 @@ def open_source(
     sampling: SequenceSampling | None = None,
     options: Mapping[str, Any] | None = None,
     ids: str = "",
+    raw_ids: bool = False,
 ) -> DataSource:
     """``synthetic`` | ``sasrec:PATH`` | ``movielens:PATH`` (ratings.dat or .csv) |
     ``parquet:PATH`` | ``csv:PATH`` (one row per user with list columns; needs pyarrow) |
@@ -77,7 +78,9 @@ def open_source(
     ``options``: the source's ``data.KEY=VALUE`` options (`OPTIONS`; Parquet
     and CSV take ``features``, `freescale.data.columnar`); any other is an error.
     ``ids``: a folder of id maps (`freescale.data.ids`) the file readers remap
-    item ids through instead of by first appearance."""
+    item ids through instead of by first appearance. ``raw_ids``: file data
+    keeps its own item ids (any int64; negatives drawn from the ids it has),
+    synthetic data's come from the config (`freescale.data.catalogue`)."""
     kind, _, path = spec.partition(":")
     if not ((kind == "synthetic" and not path) or (kind in (*READERS, *STREAMS) and path)):
         raise ValueError(f"unknown data source {spec!r}: use 'synthetic' or one of {FILE_SPECS}")
@@ -92,15 +95,17 @@ def open_source(
             f"data.ids remaps the ids of {', '.join(READERS)} files; data={spec!r} takes its "
             "ids as given"
         )
+    if ids and raw_ids:
+        raise ValueError("data.ids remaps item ids to rows, raw ids are kept: not both")
     if kind == "synthetic":
         return SyntheticSource(synthetic)
     if kind in STREAMS:
         num_items = (synthetic or SyntheticConfig()).num_items
-        return STREAMS[kind](path, sampling, num_items=num_items, **options)
+        return STREAMS[kind](path, sampling, num_items=num_items, raw=raw_ids, **options)
     given = read_maps(ids).get(ITEMS) if ids else None
     if ids and given is None:
         raise ValueError(f"data.ids={ids!r} holds no {ITEMS} map (ids/{ITEMS}.npy)")
-    return SequenceSource(READERS[kind](path, **options, ids=given), sampling)
+    return SequenceSource(READERS[kind](path, **options, ids=given, raw=raw_ids), sampling)
 
 
 def absolute_source(spec: str) -> str:

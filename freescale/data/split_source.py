@@ -15,6 +15,8 @@ over its ``items`` column, at the first call, with the training sample count).
 
 `open_stream` is the ``parquet-stream`` factory: a split directory gives this
 source, anything else the plain stream (which refuses one part of a split).
+A split's ids are below its ``freescale.num_items`` (``data split`` checks
+every one): raw ids (`freescale.data.catalogue`) change nothing here.
 """
 
 from __future__ import annotations
@@ -40,14 +42,19 @@ from freescale.jagged.batch import SampleBatch
 
 
 def open_stream(
-    spec: str, sampling: SequenceSampling | None = None, num_items: int = 2_000, **options: Any
+    spec: str,
+    sampling: SequenceSampling | None = None,
+    num_items: int = 2_000,
+    raw: bool = False,
+    **options: Any,
 ) -> ParquetStreamSource:
-    """``parquet-stream:spec``: a `SplitStreamSource` on a split directory, else the stream."""
+    """``parquet-stream:spec``: a `SplitStreamSource` on a split directory, else the
+    stream (``raw``: its item ids are any int64, `ParquetStreamSource`)."""
     if read_marker(spec) is not None:
         source = SplitStreamSource(spec, sampling, num_items, **options)
         source.id_maps = read_maps(spec, LAYOUT_IDS)  # written by data convert, kept by split
         return source
-    source = ParquetStreamSource(spec, sampling, num_items, **options)
+    source = ParquetStreamSource(spec, sampling, num_items, raw=raw, **options)
     source.id_maps = read_maps(spec, LAYOUT_IDS) if Path(spec).is_dir() else {}
     part = source.files.metadata.get("freescale.split")
     if part:
@@ -198,8 +205,8 @@ class SplitStreamSource(ParquetStreamSource):
         for j in ids.tolist():
             h, seen = held.row(j)
             t = h.items.size - 1  # the row's last event is its target
-            s, n = self.sampling, self.num_items
-            samples.append(evaluation_sample(h, t, seen, split, j, s, n, {}))
+            s, items = self.sampling, self.catalogue
+            samples.append(evaluation_sample(h, t, seen, split, j, s, items, {}))
         return samples_to_batch(samples, ids, 0, self.features)
 
     def popularity(self) -> np.ndarray:

@@ -6,16 +6,22 @@ rank can generate its own slice with no communication:
 rank ``r`` of ``W`` at step ``s`` with local batch ``B`` holds samples
 ``g = (s * W + r) * B + i`` for ``i < B`` (a resumed run may start its steps
 elsewhere in the stream: `freescale.data.stream`).
+
+``raw_ids``: every item id of a batch (history, candidates, content) is sent
+through a fixed random injective 64-bit map of the seed (`raw_id_map`),
+after everything else is drawn: the batches are those without it, each row
+replaced by its 64-bit id (the ids a dynamic item table is made for).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
 
+from freescale.data.catalogue import raw_id_map
 from freescale.data.distributions import IdScramble, LengthDistribution, zipf_ranks
 from freescale.data.stream import SampleStream
 from freescale.jagged.batch import (
@@ -27,7 +33,7 @@ from freescale.jagged.batch import (
     SampleBatch,
 )
 from freescale.jagged.ops import lengths_to_offsets
-from freescale.jagged.schema import Feature
+from freescale.jagged.schema import DataSchema, Feature
 from freescale.jagged.tensor import JaggedFeatures
 
 
@@ -51,6 +57,7 @@ class SyntheticConfig:
     # is moved to rows private to the step, so consecutive steps collide less
     # (1.0: the plain Zipf stream; 0.0: consecutive steps share almost no row).
     step_overlap: float = 1.0
+    raw_ids: bool = False  # item ids through a fixed random 64-bit map (module docstring)
 
     def __post_init__(self) -> None:
         positive = {
@@ -129,6 +136,9 @@ class SyntheticSource(SampleStream):
         self.num_actions = self.config.num_actions
         self.scramble = IdScramble.make(self.config.num_items, self.config.seed)
         self.truth = GroundTruth(self.config)
+        self.schema = DataSchema.standard(
+            self.num_items, self.num_actions, raw_items=self.config.raw_ids
+        )
 
     def num_steps(self, world_size: int, batch_size: int) -> int | None:
         return None
@@ -170,11 +180,22 @@ class SyntheticSource(SampleStream):
         samples = [self.raw_sample(g) for g in range(first, first + batch_size)]
         if self.config.step_overlap < 1.0:
             samples = [self._step_private(s, step, g) for g, s in enumerate(samples, first)]
+        if self.config.raw_ids:
+            samples = [self._raw(s) for s in samples]
         return samples_to_batch(
             samples,
             torch.arange(first, first + batch_size, dtype=torch.int64),
             self.config.dense_dim,
         )
+
+    def _raw(self, sample: RawSample) -> RawSample:
+        """``sample`` with its item rows sent through the 64-bit map."""
+        seed = self.config.seed
+        return replace(
+            sample, uih_ids=raw_id_map(sample.uih_ids, seed),
+            cand_ids=raw_id_map(sample.cand_ids, seed),
+            content_ids=raw_id_map(sample.content_ids, seed),
+        )  # fmt: skip
 
     def _step_private(self, sample: RawSample, step: int, g: int) -> RawSample:
         """Move a ``1 - step_overlap`` share of the sample's ids (chosen by a

@@ -4,7 +4,8 @@ A `SampleBatch` holds features at three levels, each a dict of named
 tensors behind one offsets: ``uih`` (one value per history event),
 ``candidates`` (one per candidate) and ``content`` (one per content item of
 a candidate). The schema lists them, and for id features the number of rows
-of the table they index (ids lie in ``[0, rows)``). It is the data's
+of the table they index (ids lie in ``[0, rows)``; or, for ``raw`` ids, any
+int64: the data's own ids, which a dynamic table takes). It is the data's
 description a model is built from (table sizes come from here, never from a
 default) and what every batch is checked against on the host before use
 (`freescale.pipeline.inputs`).
@@ -26,11 +27,15 @@ LEVELS = ("uih", "candidates", "content")
 
 @dataclass(frozen=True)
 class Feature:
-    """One named feature at ``level``; ``rows``: ids lie in ``[0, rows)`` (None: not ids)."""
+    """One named feature at ``level``; ``rows``: ids lie in ``[0, rows)`` (None: not
+    ids); ``raw``: the ids are the data's own int64 ids, any value (a dynamic
+    table's, `freescale.embedding.dynamic`), and ``rows`` is how many there are,
+    a size for a table that needs one, not a bound."""
 
     name: str
     level: str
     rows: int | None = None
+    raw: bool = False
 
     def __post_init__(self) -> None:
         if self.level not in LEVELS:
@@ -39,6 +44,13 @@ class Feature:
             raise ValueError("a feature needs a name")
         if self.rows is not None and self.rows < 1:
             raise ValueError(f"feature {self.name!r}: rows must be >= 1, got {self.rows}")
+        if self.raw and self.rows is None:
+            raise ValueError(f"feature {self.name!r}: raw ids need rows (how many ids)")
+
+    @property
+    def bounded(self) -> bool:
+        """Whether its ids lie in ``[0, rows)`` (an id feature, not raw ids)."""
+        return self.rows is not None and not self.raw
 
     @property
     def key(self) -> str:
@@ -62,16 +74,21 @@ class DataSchema:
 
     @staticmethod
     def standard(
-        num_items: int, num_actions: int, extra: Iterable[Feature] = (), dense_dim: int = 0
+        num_items: int,
+        num_actions: int,
+        extra: Iterable[Feature] = (),
+        dense_dim: int = 0,
+        raw_items: bool = False,
     ) -> DataSchema:
         """The built-in sources' features (item ids, actions and timestamps of
-        the history; candidate item ids; content ids) plus ``extra``."""
+        the history; candidate item ids; content ids) plus ``extra``;
+        ``raw_items``: the item ids are raw (`Feature`), ``num_items`` of them."""
         base = (
-            Feature(UIH_IDS, "uih", num_items),
+            Feature(UIH_IDS, "uih", num_items, raw_items),
             Feature(UIH_ACTIONS, "uih", num_actions),
             Feature(UIH_TIMESTAMPS, "uih"),
-            Feature(CAND_IDS, "candidates", num_items),
-            Feature(CONTENT_IDS, "content", num_items),
+            Feature(CAND_IDS, "candidates", num_items, raw_items),
+            Feature(CONTENT_IDS, "content", num_items, raw_items),
         )
         return DataSchema(base + tuple(extra), dense_dim)
 

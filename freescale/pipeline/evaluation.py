@@ -45,11 +45,13 @@ def evaluate_split(
 
 def popularity_baseline(source: Any, split: str, batch_size: int = 1024) -> dict[str, float]:
     """The same metrics for scores = training-split interaction counts (host only)."""
-    counts = torch.from_numpy(source.popularity()).double()
+    counts = torch.from_numpy(source.popularity()).double()  # by catalogue position
+    items = getattr(source, "catalogue", None)  # raw ids: their positions (none: ids are)
     sums = torch.zeros(len(SUM_FIELDS), dtype=torch.float64)
     for k in range(source.eval_steps(1, batch_size)):
         batch = source.eval_batch(split, k, 0, 1, batch_size)
-        scores = counts[batch.candidates[CAND_IDS]]
+        ids = batch.candidates[CAND_IDS]
+        scores = counts[ids if items is None else torch.from_numpy(items.positions(ids.numpy()))]
         sums += ranking_sums(scores, batch.labels, batch.candidates.offsets)
     metrics = ranking_metrics(sums.tolist())
     metrics.pop("ne")  # counts are not logits: no loss to speak of

@@ -66,17 +66,21 @@ class Limits:
     """Table sizes ids must stay below; ``extra``: the data's own id features
     (part ``len(PARTS) + i`` in problems is ``extra[i]``); ``tables``: the
     rows of the model's tables, by lookup feature (part ``i`` of a
-    ``TABLE_ROWS`` problem is ``tables.features[i]``)."""
+    ``TABLE_ROWS`` problem is ``tables.features[i]``); ``raw_items``: item ids
+    are the data's own (any int64, `freescale.jagged.schema.Feature`): only
+    the tables they hit bound them."""
 
     num_items: int
     num_actions: int
     extra: tuple[Feature, ...] = ()
     tables: TableRows | None = None
+    raw_items: bool = False
 
     @staticmethod
     def of(schema: DataSchema, tables: TableRows | None = None) -> Limits:
-        extra = tuple(f for f in schema.extras() if f.rows is not None)
-        return Limits(schema.num_items, schema.num_actions, extra, tables)
+        extra = tuple(f for f in schema.extras() if f.bounded)
+        raw = schema.get("uih", UIH_IDS).raw
+        return Limits(schema.num_items, schema.num_actions, extra, tables, raw)
 
     def part_name(self, part: int) -> str:
         if part < len(PARTS):
@@ -144,11 +148,13 @@ def find_problem(
     bad = _offsets(batch.content.offsets, _total(batch.content))
     if bad is not None:  # content segments are candidates: name the candidate's sample
         return at(OFFSETS, 2, _segment(batch.candidates.offsets, bad[0]), bad[1])
+    items = not limits.raw_items  # raw item ids: any int64
     ranges = [
-        (3, batch.uih, UIH_IDS, limits.num_items, batch.uih.offsets),
+        *([(3, batch.uih, UIH_IDS, limits.num_items, batch.uih.offsets)] if items else []),
         (4, batch.uih, UIH_ACTIONS, limits.num_actions, batch.uih.offsets),
-        (5, batch.candidates, CAND_IDS, limits.num_items, batch.candidates.offsets),
-    ]
+        *([(5, batch.candidates, CAND_IDS, limits.num_items, batch.candidates.offsets)]
+          if items else []),
+    ]  # fmt: skip
     for part, features, name, rows, offsets in ranges:
         if name not in features.features:
             continue
@@ -156,7 +162,7 @@ def find_problem(
         pos = _out_of_range(ids, rows)
         if pos is not None:
             return at(ID_RANGE, part, _segment(offsets, pos), int(ids[pos]))
-    if CONTENT_IDS in batch.content.features:
+    if items and CONTENT_IDS in batch.content.features:
         ids = batch.content[CONTENT_IDS]
         pos = _out_of_range(ids, limits.num_items)
         if pos is not None:

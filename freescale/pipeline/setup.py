@@ -43,7 +43,8 @@ def seed_everything(run: RunSection) -> None:
 
 def make_source(data: DataSection | TrainConfig, seed: int = 0) -> DataSource:
     """The run's data source, from its section (``seed``: the run's; a whole
-    config gives both)."""
+    config gives both, and whether the item ids stay raw: `TrainConfig.raw_item_ids`)."""
+    raw = data.raw_item_ids() if isinstance(data, TrainConfig) else data.raw_ids == "on"
     if isinstance(data, TrainConfig):
         data, seed = data.data, data.run.seed
     kind = data.source.partition(":")[0]
@@ -59,7 +60,7 @@ def make_source(data: DataSection | TrainConfig, seed: int = 0) -> DataSource:
             )
         return source
     synthetic, sampling = data.synthetic_configs(seed)
-    return open_source(data.source, synthetic, sampling, data.options, data.ids)
+    return open_source(data.source, synthetic, sampling, data.options, data.ids, raw)
 
 
 def _not_a_format(source: str, kind: str, import_error: str) -> str:
@@ -72,13 +73,12 @@ def _not_a_format(source: str, kind: str, import_error: str) -> str:
     return f"{import_error} ({formats}, else package.module:factory)"
 
 
-def check_data(
-    data: DataSection, run: RunSection, world_size: int, source: DataSource | None = None
-) -> DataSource:
+def check_data(cfg: TrainConfig, world_size: int, source: DataSource | None = None) -> DataSource:
     """Fail at start, in the launching process, if the data cannot feed the run.
 
     ``source``: a `DataSource` object given in Python instead of ``data.source``."""
-    source = make_source(data, run.seed) if source is None else source
+    data, run = cfg.data, cfg.run
+    source = make_source(cfg) if source is None else source
     schema_of(source)  # a malformed schema fails here
     name, batch_size = data.source, run.batch_size
     if run.epochs:
@@ -123,7 +123,7 @@ def open_data(
     cfg: TrainConfig, world_size: int, source: DataSource | None = None
 ) -> tuple[TrainConfig, DataSource]:
     """The run's data (`check_data`) and ``cfg`` with ``run.epochs`` as its steps."""
-    source = check_data(cfg.data, cfg.run, world_size, source)
+    source = check_data(cfg, world_size, source)
     return resolve_epochs(cfg, source, world_size), source
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Collection, Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -103,19 +104,29 @@ def relocated(config: TrainConfig, data: str | None, checkpoint: Path) -> TrainC
 
 
 def check_schema(saved: DataSchema, found: DataSchema, spec: str, command: str) -> None:
-    """One line unless the data at ``spec`` has the checkpoint's schema."""
-    if found == saved:
+    """One line unless the data at ``spec`` has the checkpoint's schema (raw ids'
+    count is no part of it: any file of such ids fits, `freescale.data.catalogue`)."""
+    if _layout(found) == _layout(saved):
         return
-    was = {f.key: f.rows for f in saved.features}
-    now = {f.key: f.rows for f in found.features}
+    was = {f.key: "raw ids" if f.raw else f.rows for f in saved.features}
+    now = {f.key: "raw ids" if f.raw else f.rows for f in found.features}
     key = next((k for k in [*was, *now] if was.get(k, -1) != now.get(k, -1)), "dense_dim")
 
     def said(m: dict) -> str:
-        return "none" if key not in m else f"{m[key]} rows" if m[key] else "present"
+        if key not in m:
+            return "none"
+        return f"{m[key]} rows" if isinstance(m[key], int) else m[key] or "present"
 
     raise ValueError(
         f"{command}: {spec} is not the run's data: {key} {said(now)}, the checkpoint's "
         f"{said(was)} (a file elsewhere must hold the same schema)"
+    )
+
+
+def _layout(schema: DataSchema) -> DataSchema:
+    """``schema`` with the count of each raw id feature left out."""
+    return replace(
+        schema, features=tuple(replace(f, rows=1) if f.raw else f for f in schema.features)
     )
 
 

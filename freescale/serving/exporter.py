@@ -284,13 +284,14 @@ def _dynamic_record(model: nn.Module) -> dict[str, dict[str, int]]:
 
 
 def _largest_ids(batch: SampleBatch, schema: DataSchema) -> SampleBatch:
-    """``batch`` with every id feature ``schema`` declares at its largest id (rows - 1)."""
+    """``batch`` with every id feature ``schema`` declares at its largest id (rows - 1;
+    raw ids have no largest: a dynamic table takes any)."""
     levels = {}
     for level in ("uih", "candidates", "content"):
         jagged: JaggedFeatures = getattr(batch, level)
         features = dict(jagged.features)
         for f in schema.features:
-            if f.level == level and f.rows is not None and f.name in features:
+            if f.level == level and f.bounded and f.name in features:
                 features[f.name] = torch.full_like(features[f.name], f.rows - 1)
         levels[level] = JaggedFeatures(jagged.offsets, features)
     return replace(batch, **levels)

@@ -263,4 +263,4 @@ def test_a_misaligned_feature_column_is_one_line_and_status_2(tmp_path):
     assert "bad.parquet: row 2: categories has 1 values, items has 2" in err and "\n" not in err
     typo = build_config("demo", [f"data=parquet:{tmp_path / 'bad.parquet'}", "data.feature=x"])
     with pytest.raises(ValueError, match=r"takes data\.features; got data\.feature$"):
-        check_data(typo.data, typo.run, 1)
+        check_data(typo, 1)
