@@ -7,7 +7,7 @@ leave-one-out split of the SASRec file ``set.data``:
   item table has one row per item;
 - ``dynamic``, once per entry of ``params.dynamic`` (``capacity_pct``, and
   optionally ``evict`` and ``admit_after``): the file with every item id sent
-  through a fixed random 64-bit map (`freescale.data.catalogue.raw_id_map`,
+  through a fixed random 64-bit map (`freescale.data.ids.raw_id_map`,
   seed ``params.id_seed``; written to the raw folder), the item table dynamic
   with ``capacity_pct`` % of the items as rows, so the ids reach it raw.
 
@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from freescale.data.catalogue import raw_id_map
+from freescale.data.ids import raw_id_map
 
 from .runner import Ctx, Result
 from .scenario import Scenario, setting

@@ -34,9 +34,9 @@ from freescale.config.sections import (
     OutputSection,
     PipelineSection,
     RunSection,
-    trace_window,
 )
 from freescale.config.train_config import TrainConfig
+from freescale.config.values import trace_window
 
 __all__ = [
     "BUILTIN_MODEL",

@@ -16,6 +16,16 @@ from freescale.balance.registry import check_partitioner_name
 from freescale.comm import BACKENDS as COMM_BACKENDS
 from freescale.comm.nixl_support import STAGINGS as COMM_STAGINGS
 from freescale.comm.nixl_support import missing_message, nixl_installed
+from freescale.config.values import (
+    at_least,
+    choice,
+    finite,
+    integer,
+    on_off,
+    parse_ranks,
+    schedule_keys,
+    trace_window,
+)
 from freescale.embedding.config import PLACEMENTS
 from freescale.embedding.dynamic import DynamicSpec
 from freescale.embedding.optim import OPTIMIZERS as EMB_OPTIMIZERS
@@ -28,53 +38,8 @@ TABLE_KEYS = ("placement", "capacity", "evict", "admit_after")
 BUILTIN_MODEL = "freescale.models.sequence:build"
 ITEM_TABLE = "item_emb"  # the built-in models' item table (its module path)
 RAW_IDS = ("auto", "on", "off")
-LR_DECAYS = ("none", "linear", "cosine")
 BEST_METRICS = ("hr@10", "ndcg@10", "auc")
 DROPOUT_KEYS = ("emb_dropout", "attn_dropout", "ffn_dropout")  # the built-in models' options
-
-
-def _integer(name: str, value: Any) -> int:
-    """An integer key given as a number or as text (``--set``)."""
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(f"{name} must be an integer, got {value!r}") from None
-
-
-def _on_off(value: Any) -> Any:
-    """A switch given as a boolean (a file's ``true``, ``--set`` text) as ``on``/``off``."""
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    if isinstance(value, str) and value.lower() in ("true", "false"):
-        return "on" if value.lower() == "true" else "off"
-    return value
-
-
-def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
-
-
-def _at_least(section: object, prefix: str, names: tuple[str, ...], low: int) -> None:
-    for name in names:
-        value = getattr(section, name)
-        if value < low:
-            raise ValueError(f"{prefix}.{name} must be >= {low}, got {value}")
-
-
-def _schedule_keys(prefix: str, section: Any) -> None:
-    """The optimizer keys shared by ``dense`` and ``embeddings``."""
-    _finite(prefix, "weight_decay", section.weight_decay, 0)
-    _at_least(section, prefix, ("lr_warmup",), 0)
-    _choice(f"{prefix}.lr_decay", section.lr_decay, LR_DECAYS)
-
-
-def _finite(prefix: str, name: str, value: float, low: float, strict: bool = False) -> None:
-    if not (math.isfinite(value) and (value > low if strict else value >= low)):
-        sign = ">" if strict else ">="
-        raise ValueError(f"{prefix}.{name} must be a finite number {sign} {low:g}, got {value}")
 
 
 @dataclass(frozen=True)
@@ -97,14 +62,14 @@ class RunSection:
     epochs: int = 0
 
     def __post_init__(self) -> None:
-        _choice("run.mode", self.mode, MODES)
-        _choice("run.device", self.device, DEVICES)
-        _at_least(self, "run", ("nproc", "steps", "batch_size"), 1)
-        _at_least(self, "run", ("warmup", "epochs"), 0)
+        choice("run.mode", self.mode, MODES)
+        choice("run.device", self.device, DEVICES)
+        at_least(self, "run", ("nproc", "steps", "batch_size"), 1)
+        at_least(self, "run", ("warmup", "epochs"), 0)
         if self.warmup >= self.steps:
             raise ValueError(f"run.warmup ({self.warmup}) must be < run.steps ({self.steps})")
-        _finite("run", "timeout_s", self.timeout_s, 1)
-        _finite("run", "peak_tflops", self.peak_tflops, 0)
+        finite("run", "timeout_s", self.timeout_s, 1)
+        finite("run", "peak_tflops", self.peak_tflops, 0)
 
 
 @dataclass(frozen=True)
@@ -134,7 +99,7 @@ class DataSection:
     # file data: a folder of id maps (`ids/` of a checkpoint, an export or `data convert`)
     # the readers remap raw ids through, instead of in order of first appearance
     ids: str = ""
-    # item ids as the data's own int64 ids, not rows 0..N-1 (`freescale.data.catalogue`):
+    # item ids as the data's own int64 ids, not rows 0..N-1 (`freescale.data.ids`):
     # auto = file data keeps them where the item table (embeddings.tables.item_emb) is
     # dynamic; on = file data keeps them, synthetic data maps its rows to 64-bit ids
     raw_ids: str = "auto"
@@ -147,8 +112,8 @@ class DataSection:
         from freescale.data.source import absolute_source
 
         object.__setattr__(self, "source", absolute_source(self.source))
-        object.__setattr__(self, "raw_ids", _on_off(self.raw_ids))
-        _choice("data.raw_ids", self.raw_ids, RAW_IDS)
+        object.__setattr__(self, "raw_ids", on_off(self.raw_ids))
+        choice("data.raw_ids", self.raw_ids, RAW_IDS)
         if self.ids:
             object.__setattr__(self, "ids", os.path.abspath(os.path.expanduser(self.ids)))
         if not isinstance(self.options, dict):
@@ -172,8 +137,8 @@ class DataSection:
             raise ValueError(
                 f"data.loader_workers must be -1 (auto) or >= 0, got {self.loader_workers}"
             )
-        _at_least(self, "data", ("length_cap",), 1)
-        _at_least(self, "data", ("train_negatives",), 0)
+        at_least(self, "data", ("length_cap",), 1)
+        at_least(self, "data", ("train_negatives",), 0)
         for name in ("length_median", "length_sigma", "zipf_alpha", "step_overlap"):
             if not math.isfinite(getattr(self, name)):
                 raise ValueError(f"data.{name} must be a finite number, got {getattr(self, name)}")
@@ -245,15 +210,15 @@ class EmbeddingsSection:
     tables: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _choice("embeddings.optimizer", self.optimizer, tuple(EMB_OPTIMIZERS))
-        _choice("embeddings.assignment", self.assignment, ("hashed", "block"))
-        _finite("embeddings", "lr", self.lr, 0, strict=True)
-        _schedule_keys("embeddings", self)
+        choice("embeddings.optimizer", self.optimizer, tuple(EMB_OPTIMIZERS))
+        choice("embeddings.assignment", self.assignment, ("hashed", "block"))
+        finite("embeddings", "lr", self.lr, 0, strict=True)
+        schedule_keys("embeddings", self)
         for name, keys in self.tables.items():
             for key in keys:
-                _choice(f"embeddings.tables.{name}.{key}", key, TABLE_KEYS)
+                choice(f"embeddings.tables.{name}.{key}", key, TABLE_KEYS)
             if "placement" in keys:
-                _choice(f"embeddings.tables.{name}.placement", keys["placement"], PLACEMENTS)
+                choice(f"embeddings.tables.{name}.placement", keys["placement"], PLACEMENTS)
         self.dynamics()
 
     def placements(self) -> dict[str, str]:
@@ -266,7 +231,7 @@ class EmbeddingsSection:
         out = {}
         for name, keys in self.tables.items():
             prefix = f"embeddings.tables.{name}"
-            capacity = _integer(f"{prefix}.capacity", keys.get("capacity", 0))
+            capacity = integer(f"{prefix}.capacity", keys.get("capacity", 0))
             if capacity < 0:
                 raise ValueError(
                     f"{prefix}.capacity must be >= 0 (0: a static table), got {capacity}"
@@ -278,7 +243,7 @@ class EmbeddingsSection:
                             f"{prefix}.{key} needs {prefix}.capacity > 0 (a dynamic table)"
                         )
                 continue
-            admit = _integer(f"{prefix}.admit_after", keys.get("admit_after", 1))
+            admit = integer(f"{prefix}.admit_after", keys.get("admit_after", 1))
             try:
                 out[name] = DynamicSpec(capacity, str(keys.get("evict", "lru")), admit)
             except ValueError as e:
@@ -316,9 +281,9 @@ class DenseSection:
     def __post_init__(self) -> None:
         if not isinstance(self.compile, bool):
             raise ValueError(f"dense.compile must be true or false, got {self.compile!r}")
-        _choice("dense.amp", self.amp, ("none", "bf16"))
-        _finite("dense", "lr", self.lr, 0, strict=True)
-        _schedule_keys("dense", self)
+        choice("dense.amp", self.amp, ("none", "bf16"))
+        finite("dense", "lr", self.lr, 0, strict=True)
+        schedule_keys("dense", self)
         if self.graph_max_tokens < 0:
             raise ValueError(f"dense.graph_max_tokens must be >= 0, got {self.graph_max_tokens}")
         if self.graph_streams not in (1, 2):
@@ -337,11 +302,11 @@ class BalanceSection:
 
     def __post_init__(self) -> None:
         check_partitioner_name(self.method, "balance.method")
-        _choice("balance.plan_process", self.plan_process, ("auto", "on", "off"))
-        _choice("balance.counts", self.counts, ("equal", "variable"))
+        choice("balance.plan_process", self.plan_process, ("auto", "on", "off"))
+        choice("balance.counts", self.counts, ("equal", "variable"))
         if self.counts == "variable" and self.method != "cost":
             raise ValueError("balance.counts=variable needs balance.method=cost")
-        _at_least(self, "balance", ("max_local_batch",), 0)
+        at_least(self, "balance", ("max_local_batch",), 0)
 
 
 @dataclass(frozen=True)
@@ -364,12 +329,12 @@ class PipelineSection:
     sync_debug: bool = False  # print every host wait for the GPU (after warm-up)
 
     def __post_init__(self) -> None:
-        _choice("pipeline.prioritize", self.prioritize, ("auto", "on"))
-        _choice("pipeline.comm_backend", self.comm_backend, COMM_BACKENDS)
+        choice("pipeline.prioritize", self.prioritize, ("auto", "on"))
+        choice("pipeline.comm_backend", self.comm_backend, COMM_BACKENDS)
         if self.comm_overlapped:
-            _choice("pipeline.comm_overlapped", self.comm_overlapped, COMM_BACKENDS)
-        _choice("pipeline.comm_staging", self.comm_staging, COMM_STAGINGS)
-        _choice("pipeline.comm_nixl_backend", self.comm_nixl_backend, ("UCX", "LIBFABRIC"))
+            choice("pipeline.comm_overlapped", self.comm_overlapped, COMM_BACKENDS)
+        choice("pipeline.comm_staging", self.comm_staging, COMM_STAGINGS)
+        choice("pipeline.comm_nixl_backend", self.comm_nixl_backend, ("UCX", "LIBFABRIC"))
         for key in ("comm_backend", "comm_overlapped"):
             if getattr(self, key) == "smfree-nixl" and not nixl_installed():
                 raise ValueError(missing_message(f"pipeline.{key}=smfree-nixl"))
@@ -389,10 +354,10 @@ class EvaluationSection:
     patience: int = 0  # with keep_best: stop after this many evaluations without a new best
 
     def __post_init__(self) -> None:
-        _at_least(self, "evaluation", ("every", "every_epochs", "patience"), 0)
-        _at_least(self, "evaluation", ("batches",), 1)
+        at_least(self, "evaluation", ("every", "every_epochs", "patience"), 0)
+        at_least(self, "evaluation", ("batches",), 1)
         if self.keep_best:
-            _choice("evaluation.keep_best", self.keep_best, BEST_METRICS)
+            choice("evaluation.keep_best", self.keep_best, BEST_METRICS)
             if not (self.every or self.every_epochs):
                 raise ValueError(
                     "evaluation.keep_best needs evaluation.every or evaluation.every_epochs > 0"
@@ -412,8 +377,8 @@ class CheckpointSection:
     resume: str = ""
 
     def __post_init__(self) -> None:
-        _at_least(self, "checkpoint", ("every",), 0)
-        _at_least(self, "checkpoint", ("keep",), 1)
+        at_least(self, "checkpoint", ("every",), 0)
+        at_least(self, "checkpoint", ("keep",), 1)
 
 
 @dataclass(frozen=True)
@@ -432,10 +397,10 @@ class FaultsSection:
     nan_ranks: str = ""  # ranks where that happens; empty = all
 
     def __post_init__(self) -> None:
-        _finite("faults", "delay_compute_ms", self.delay_compute_ms, 0)
-        _finite("faults", "delay_loader_ms", self.delay_loader_ms, 0)
-        _choice("faults.nonfinite", self.nonfinite, ("raise", "skip"))
-        _at_least(self, "faults", ("nonfinite_max_skips",), 0)
+        finite("faults", "delay_compute_ms", self.delay_compute_ms, 0)
+        finite("faults", "delay_loader_ms", self.delay_loader_ms, 0)
+        choice("faults.nonfinite", self.nonfinite, ("raise", "skip"))
+        at_least(self, "faults", ("nonfinite_max_skips",), 0)
         for name in ("delay_ranks", "nan_steps", "nan_ranks"):
             try:
                 parse_ranks(getattr(self, name))
@@ -477,27 +442,3 @@ SECTIONS: dict[str, type] = {
     "faults": FaultsSection,
     "output": OutputSection,
 }
-
-
-def trace_window(text: str) -> tuple[int, int]:
-    """``"10-12"`` -> (10, 12): the steps a profiler trace covers (inclusive)."""
-    try:
-        a, b = (int(x) for x in text.split("-"))
-    except ValueError:
-        raise ValueError(f"output.trace_steps must look like '10-12', got {text!r}") from None
-    if not 0 <= a <= b:
-        raise ValueError(f"output.trace_steps must be an increasing range, got {text!r}")
-    return a, b
-
-
-def parse_ranks(text: str) -> set[int] | None:
-    """``"1,3"`` -> {1, 3}; ``""`` -> None (every rank). ValueError on bad input."""
-    if not text.strip():
-        return None
-    try:
-        ranks = {int(part) for part in text.split(",")}
-    except ValueError:
-        raise ValueError(f"delay_ranks must be comma-separated ranks, got {text!r}") from None
-    if min(ranks) < 0:
-        raise ValueError(f"delay_ranks must be >= 0, got {text!r}")
-    return ranks

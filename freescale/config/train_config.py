@@ -81,7 +81,7 @@ class TrainConfig:
 
     def raw_item_ids(self) -> bool:
         """Whether the data keeps its own item ids (``data.raw_ids``; ``auto``: file
-        data does where the item table is dynamic, `freescale.data.catalogue`)."""
+        data does where the item table is dynamic, `freescale.data.ids`)."""
         if self.data.raw_ids != "auto":
             return self.data.raw_ids == "on"
         from freescale.data.source import BUILTIN_KINDS

@@ -12,7 +12,7 @@ with two differences:
   the data): they are integers in ``[0, num_items)``. ``num_items`` is the
   file metadata key ``freescale.num_items`` when the first file has it,
   else ``data.num_items``. Raw ids (``raw``: a dynamic item table takes
-  them, `freescale.data.catalogue`) are any int64 instead, no ``num_items``
+  them, `freescale.data.ids`) are any int64 instead, no ``num_items``
   needed: negatives are drawn from the ids the data has, found by one pass
   over every ``items`` column when first needed (each rank: memory 8 bytes
   per distinct item), which also gives ``num_items`` (their count).
@@ -76,8 +76,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from freescale.data.catalogue import Catalogue
 from freescale.data.columnar import MAX_ACTIONS, _as_ints, _history, _pyarrow, parse_features
+from freescale.data.ids import Catalogue
 from freescale.data.parquet_files import ID_BITS, metadata_int, scan_files
 from freescale.data.readers import DataFormatError, UserHistory
 from freescale.data.rows import RowRules, first_bad_row, list_columns

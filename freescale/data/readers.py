@@ -2,7 +2,7 @@
 
 Both produce a `SequenceDataset`: one chronological history per user, item
 ids remapped to ``[0, num_items)`` in order of first appearance, or, with
-``raw`` (a dynamic item table takes them: `freescale.data.catalogue`), kept
+``raw`` (a dynamic item table takes them: `freescale.data.ids`), kept
 as the file's own int64 ids. Raw ids are parsed as integers (``10`` and
 ``010`` are one id); a sign (but on an item kept raw), an id beyond int64,
 a non-ASCII digit or a byte that is not UTF-8 is an error naming the file

@@ -22,7 +22,7 @@ failing check names the problem):
    column below its ROWS (when known: ``data split`` carries columns it
    does not size).
 
-Raw item ids (``raw_items``, a dynamic item table's: `freescale.data.catalogue`)
+Raw item ids (``raw_items``, a dynamic item table's: `freescale.data.ids`)
 are any int64: 4. and 6. do not apply to them; an unsigned column's value past
 int64 is then the problem, at 6.'s place.
 

@@ -23,8 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from freescale.data.catalogue import Catalogue
-from freescale.data.ids import ITEMS
+from freescale.data.ids import ITEMS, Catalogue
 from freescale.data.readers import SequenceDataset, UserHistory
 from freescale.data.stream import SampleStream
 from freescale.data.synthetic import RawSample, samples_to_batch
@@ -43,7 +42,7 @@ class SequenceSampling:
     Training sample at target position t: UIH = the (at most ``max_uih``)
     items before t; candidates = the ``num_positives`` items from t on
     (label 1) plus ``num_negatives`` items drawn uniformly from the
-    catalogue (`freescale.data.catalogue`; label 0; an accidental hit on a
+    catalogue (`freescale.data.ids`; label 0; an accidental hit on a
     real next item stays a negative, as in the usual sampled-softmax
     set-up), shuffled. Targets per
     user: the last allowed one, then every ``stride`` items earlier, at most

@@ -80,7 +80,7 @@ def open_source(
     ``ids``: a folder of id maps (`freescale.data.ids`) the file readers remap
     item ids through instead of by first appearance. ``raw_ids``: file data
     keeps its own item ids (any int64; negatives drawn from the ids it has),
-    synthetic data's come from the config (`freescale.data.catalogue`)."""
+    synthetic data's come from the config (`freescale.data.ids`)."""
     kind, _, path = spec.partition(":")
     if not ((kind == "synthetic" and not path) or (kind in (*READERS, *STREAMS) and path)):
         raise ValueError(f"unknown data source {spec!r}: use 'synthetic' or one of {FILE_SPECS}")

@@ -16,7 +16,7 @@ over its ``items`` column, at the first call, with the training sample count).
 `open_stream` is the ``parquet-stream`` factory: a split directory gives this
 source, anything else the plain stream (which refuses one part of a split).
 A split's ids are below its ``freescale.num_items`` (``data split`` checks
-every one): raw ids (`freescale.data.catalogue`) change nothing here.
+every one): raw ids (`freescale.data.ids`) change nothing here.
 """
 
 from __future__ import annotations

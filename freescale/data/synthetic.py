@@ -21,8 +21,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
-from freescale.data.catalogue import raw_id_map
 from freescale.data.distributions import IdScramble, LengthDistribution, zipf_ranks
+from freescale.data.ids import raw_id_map
 from freescale.data.stream import SampleStream
 from freescale.jagged.batch import (
     CAND_IDS,

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from freescale.config.sections import parse_ranks
+from freescale.config.values import parse_ranks
 
 
 def applies(ranks_text: str, rank: int) -> bool:

@@ -105,7 +105,7 @@ def relocated(config: TrainConfig, data: str | None, checkpoint: Path) -> TrainC
 
 def check_schema(saved: DataSchema, found: DataSchema, spec: str, command: str) -> None:
     """One line unless the data at ``spec`` has the checkpoint's schema (raw ids'
-    count is no part of it: any file of such ids fits, `freescale.data.catalogue`)."""
+    count is no part of it: any file of such ids fits, `freescale.data.ids`)."""
     if _layout(found) == _layout(saved):
         return
     was = {f.key: "raw ids" if f.raw else f.rows for f in saved.features}

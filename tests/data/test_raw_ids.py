@@ -17,7 +17,7 @@ import torch
 
 from freescale.config import build_config
 from freescale.data import DataFormatError
-from freescale.data.catalogue import raw_id_map
+from freescale.data.ids import raw_id_map
 from freescale.data.source import id_maps, schema_of
 from freescale.data.stream_check import first_problem
 from freescale.jagged.batch import CAND_IDS, CONTENT_IDS, UIH_IDS

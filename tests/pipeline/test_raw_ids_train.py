@@ -11,7 +11,7 @@ import pytest
 
 import freescale
 from freescale.config import build_config
-from freescale.data.catalogue import raw_id_map
+from freescale.data.ids import raw_id_map
 
 ITEMS = 500
 
