@@ -60,6 +60,8 @@ def test_every_mode_trains_a_dynamic_table_bit_identically(world, capacity):
                 assert torch.equal(got["state"][k], v), (mode, k)
 
 
+# slow: the in-process twin is tests/embedding/test_dynamic.py (1 and 2 ranks)
+@pytest.mark.slow
 def test_a_full_shard_stops_every_rank_with_one_line():
     runs = run_ranks(_every_mode, 2, 300, timeout=300)
     for mode in MODES:

@@ -174,6 +174,8 @@ def test_a_changed_byte_of_a_dynamic_entry_is_refused(runs, tmp_path):
         check_resumable(str(ck), cfg)
 
 
+# slow: the in-process twin is tests/embedding/test_dynamic_state.py (2 -> 3, 4 -> 2)
+@pytest.mark.slow
 def test_a_dynamic_table_resumes_at_another_world_size_by_id(runs, capfd):
     """Saved by 2 ranks in the `freescale` mode (which maps step 3 before it
     saves: the synchronous run's table is saved), resumed by 3 with room for
