@@ -36,7 +36,7 @@ from freescale.jagged.batch import SampleBatch
 from freescale.jagged.schema import DataSchema
 from freescale.models.contract import load_object
 from freescale.pipeline.setup import make_source
-from freescale.serving.dynamic import IdRows
+from freescale.serving.dynamic import IdRows, embedding_at
 from freescale.state.checkpoint import find_checkpoint, read_manifest
 from freescale.state.checkpoint_files import BEST, MANIFEST, TABLES, read_checked, sha256_file
 from freescale.state.data_record import example_batch, recorded
@@ -238,11 +238,7 @@ def dynamic_paths(config: TrainConfig, model: nn.Module) -> list[str]:
     yet (a table of a TorchRec ``EmbeddingCollection``)."""
     paths = []
     for name in sorted(config.embeddings.dynamics()):
-        try:
-            module = model.get_submodule(name)
-        except AttributeError:
-            module = None
-        if not isinstance(module, nn.Embedding):
+        if embedding_at(model, name) is None:
             raise ValueError(
                 f"export: dynamic table {name!r} is not an nn.Embedding of the model: a "
                 "dynamic table inside a TorchRec EmbeddingCollection does not export yet"

@@ -70,16 +70,22 @@ def check_id_rows(ids: Tensor, rows: Tensor, name: str) -> None:
         raise ValueError(f"{name}: ids must be sorted ascending without repeats")
 
 
+def embedding_at(model: nn.Module, path: str) -> nn.Embedding | None:
+    """The ``nn.Embedding`` at ``path`` in ``model``, or None (no module there, or another kind)."""
+    try:
+        module = model.get_submodule(path)
+    except AttributeError:
+        return None
+    return module if isinstance(module, nn.Embedding) else None
+
+
 def serve_by_id(model: nn.Module, tables: Mapping[str, IdRows]) -> nn.Module:
     """``model`` (in place) with the ``nn.Embedding`` at each path of ``tables``
     replaced by a `DynamicEmbedding` of its (ids, rows); one-line ValueError if a
     path is not an ``nn.Embedding`` of the model or its dim differs."""
     for path, (ids, rows) in tables.items():
-        try:
-            module = model.get_submodule(path)
-        except AttributeError:
-            module = None
-        if not isinstance(module, nn.Embedding):
+        module = embedding_at(model, path)
+        if module is None:
             raise ValueError(
                 f"dynamic table {path!r} is not an nn.Embedding of {type(model).__name__} "
                 "(only those are served by id)"
